@@ -1,0 +1,71 @@
+"""`asap.LLM`: the one entry point for every engine.
+
+    with asap.LLM("tiny-deepseek-v3", engine="reference") as llm:
+        out = llm.prefill([[1, 2, 3], [4, 5]])
+"""
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future
+
+import torch
+
+from asap.engine.output import PrefillOutput
+from asap.engine.validate import check_prompt
+from asap.model.materialize import resolve_model
+
+ENGINES = ("reference", "async", "sync")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _make_engine(name: str, model_dir, dtype, device, **kw):
+    if name == "reference":
+        from asap.engine.reference import ReferenceEngine
+        return ReferenceEngine(model_dir, dtype, device, **kw)
+    if name in ("async", "sync"):
+        from asap.engine.runtime import RuntimeEngine
+        return RuntimeEngine(model_dir, mode=name, dtype=dtype, device=device, **kw)
+    raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
+class LLM:
+    def __init__(self, model: str = "tiny-deepseek-v3", engine: str = "reference", dtype: str = "float32",
+                 device: str = "cpu", **engine_kwargs):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        self.model_dir = resolve_model(model)
+        self.engine_name = engine
+        self._ids = itertools.count()
+        self.engine = _make_engine(engine, self.model_dir, _DTYPES[dtype], torch.device(device), **engine_kwargs)
+        self.cfg = self.engine.cfg
+
+    def submit(self, prompt, deadline: float | None = None) -> Future:
+        """Queue one prompt; the future resolves to a PrefillOutput or raises its error."""
+        return self.engine.submit(next(self._ids), check_prompt(self.cfg, prompt), deadline)
+
+    def prefill(self, prompts) -> list[PrefillOutput]:
+        """Prefill a batch of prompts. Every prompt is checked before any runs: a bad one raises
+        ValueError naming it, and nothing is queued."""
+        checked = [check_prompt(self.cfg, p, i) for i, p in enumerate(prompts)]
+        futures = [self.engine.submit(next(self._ids), p, None) for p in checked]
+        return [f.result() for f in futures]
+
+    def healthy(self) -> bool:
+        return self.engine.healthy()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

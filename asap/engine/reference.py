@@ -1,0 +1,77 @@
+"""The reference engine: one process, the whole model, the stage functions composed in order.
+
+It is the exactness baseline the async and sync engines are checked against.
+Requests submitted together are prefilled as one packed batch.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+
+import torch
+
+from asap.engine.output import PrefillOutput
+from asap.model.batch import Batch, Chunk, KVCache
+from asap.model.loader import load_attention_side, load_expert_shard
+from asap.model.stages import forward, last_logits
+
+
+def run_batch(side, shards, prompts: dict[int, list[int]], dtype, device) -> dict[int, PrefillOutput]:
+    """Prefill whole prompts as one packed batch -> outputs by request id."""
+    kv = KVCache(side.cfg, dtype, device)
+    chunks = [Chunk(rid, 0, len(p)) for rid, p in prompts.items()]
+    for c in chunks:
+        kv.allocate(c.request_id, c.num_tokens)
+    batch = Batch.build(chunks, device)
+    ids = torch.tensor([t for p in prompts.values() for t in p], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        h = forward(side, shards, ids, batch, kv)
+        logits = last_logits(side, h, [batch.offsets[i + 1] - 1 for i in range(len(chunks))])
+    return {c.request_id: PrefillOutput(int(logits[i].argmax()), logits[i].cpu(), kv.pop(c.request_id),
+                                        c.num_tokens, c.request_id)
+            for i, c in enumerate(chunks)}
+
+
+class ReferenceEngine:
+    def __init__(self, model_dir, dtype=torch.float32, device="cpu"):
+        self.dtype, self.device = dtype, device
+        self.side = load_attention_side(model_dir, dtype, device)
+        self.cfg = self.side.cfg
+        self.shards = [load_expert_shard(model_dir, range(self.cfg.num_experts), dtype, device)]
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="asap-reference", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: int, prompt: list[int], deadline: float | None = None) -> Future:
+        fut: Future = Future()
+        self._queue.put((request_id, prompt, fut))
+        return fut
+
+    def _loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            pending = [item]
+            while not self._queue.empty():
+                nxt = self._queue.get()
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                pending.append(nxt)
+            try:
+                outs = run_batch(self.side, self.shards, {rid: p for rid, p, _ in pending}, self.dtype, self.device)
+                for rid, _, fut in pending:
+                    fut.set_result(outs[rid])
+            except Exception as e:  # noqa: BLE001 - the error belongs to the callers' futures
+                for _, _, fut in pending:
+                    fut.set_exception(e)
+
+    def healthy(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()

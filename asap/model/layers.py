@@ -1,0 +1,41 @@
+"""Small numeric building blocks shared by every stage.
+
+Shape legend: T tokens (packed over requests), D hidden, H heads, R rope dim.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 whatever the storage dtype, as the HF reference does.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def gated_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU FFN. x [T,D], gate_up [2I,D] (gate rows then up rows), down [D,I] -> [T,D]."""
+    g, u = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(g) * u, down)
+
+
+class Rotary:
+    """RoPE tables; `apply` rotates [T, H, R] by per-token positions [T]."""
+
+    def __init__(self, dim: int, theta: float, interleave: bool, device=None):
+        self.interleave = interleave
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]   # [T, R/2]
+        return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]          # [T, 1, R/2]
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.interleave:
+            # DeepSeek pairs (x0,x1),(x2,x3)..; output is de-interleaved [evens | odds] as in HF.
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+        else:
+            x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,82 @@
+"""The stage split every engine is built on.
+
+Per layer:
+  attention_stage  (attention worker): input norm, attention, residual, post-attention norm,
+                   and for an MoE layer the gate and shared experts; a dense layer finishes here.
+  expert_stage     (expert worker, asap.model.moe): one shard's weighted partial sum.
+  combine          (attention worker, asap.model.moe): residual + sum of partials.
+`forward` (the reference engine) composes exactly these; the workers call the same functions.
+Shape legend: T packed tokens, D hidden, K top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asap.config import ModelConfig
+from asap.model import attention
+from asap.model.batch import Batch, KVCache
+from asap.model.layers import Rotary, gated_ffn, rms_norm
+from asap.model.moe import ExpertShard, combine, expert_stage, gate
+
+
+@dataclass
+class AttentionSide:
+    """Everything an attention worker holds: embeddings, per-layer non-expert weights, head."""
+    cfg: ModelConfig
+    embed: torch.Tensor                 # [V,D]
+    layers: list[dict]                  # per layer, HF names without "model.layers.{i}."
+    norm: torch.Tensor                  # [D]
+    lm_head: torch.Tensor               # [V,D]
+
+    def __post_init__(self):
+        c = self.cfg
+        rope_dim = c.qk_rope_head_dim if c.is_mla else c.head_dim
+        self.rope = Rotary(rope_dim, c.rope_theta, c.rope_interleave, device=self.embed.device)
+        self._attend = attention.mla if c.is_mla else attention.gqa
+
+
+@dataclass
+class StageOut:
+    h: torch.Tensor                       # dense layer: the layer output; MoE layer: residual (+ shared experts)
+    x: torch.Tensor | None = None         # MoE: normed input to the experts [T,D]
+    topk_ids: torch.Tensor | None = None  # MoE: [T,K]
+    topk_weights: torch.Tensor | None = None
+
+
+def embed(side: AttentionSide, token_ids: torch.Tensor) -> torch.Tensor:
+    return F.embedding(token_ids, side.embed)
+
+
+def attention_stage(side: AttentionSide, layer: int, h: torch.Tensor, batch: Batch, kv: KVCache) -> StageOut:
+    cfg, w = side.cfg, side.layers[layer]
+    a = side._attend(cfg, w, rms_norm(h, w["input_layernorm.weight"], cfg.rms_norm_eps), batch, kv, layer, side.rope)
+    h = h + a
+    x = rms_norm(h, w["post_attention_layernorm.weight"], cfg.rms_norm_eps)
+    if not cfg.moe_layers[layer]:
+        return StageOut(h=h + gated_ffn(x, w["mlp.gate_up"], w["mlp.down_proj.weight"]))
+    ids, weights = gate(cfg, w, x)
+    if cfg.n_shared_experts:
+        h = h + gated_ffn(x, w["mlp.shared_experts.gate_up"], w["mlp.shared_experts.down_proj.weight"])
+    return StageOut(h=h, x=x, topk_ids=ids, topk_weights=weights)
+
+
+def last_logits(side: AttentionSide, h: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Final norm + LM head at the given packed rows -> float32 [len(rows), V]."""
+    hs = rms_norm(h[rows], side.norm, side.cfg.rms_norm_eps)
+    return F.linear(hs, side.lm_head).float()
+
+
+def forward(side: AttentionSide, shards: list[ExpertShard], token_ids: torch.Tensor, batch: Batch,
+            kv: KVCache) -> torch.Tensor:
+    """Single-process forward of one packed batch -> final hidden states [T,D]."""
+    h = embed(side, token_ids)
+    for layer in range(side.cfg.num_layers):
+        s = attention_stage(side, layer, h, batch, kv)
+        if s.x is None:
+            h = s.h
+        else:
+            h = combine(s.h, [expert_stage(sh, layer, s.x, s.topk_ids, s.topk_weights) for sh in shards])
+    return h

@@ -1,0 +1,131 @@
+"""Workload: one frozen config that composes arrivals, lengths and a trace into requests.
+
+Sources. Arrival times come from `arrivals` if given, else from `trace`;
+prompt lengths come from `lengths` if given, else from `trace`. So a trace can
+be replayed as is, or its lengths paired with Poisson arrivals, or everything
+synthesised. Without a trace, `num_requests`, `arrivals` and `lengths` are all
+required.
+
+Transformations, in order:
+1. `num_requests` keeps the first N requests (of the trace, in arrival order).
+2. Arrivals: `rate` rescales them so the mean rate is exactly `rate`
+   requests/s, defined as (N - 1) / (last - first arrival); or `time_scale`
+   multiplies every arrival time (2.0 = half as fast). Rescaling one sample
+   (instead of redrawing) keeps a rate sweep on the same requests.
+3. Lengths: multiplied by `length_scale`, rounded, clipped to
+   [`min_tokens`, `max_tokens`].
+4. SLO: `slo_ttft_s` (fixed budget) or `slo_per_token_s` (budget =
+   per-token seconds x prompt tokens) sets Request.deadline = arrival + budget.
+5. Prompts: `with_prompts=True` fills token ids in [0, vocab_size) drawn from
+   (seed, request id), so the same seed gives the same prompts, independent of
+   `num_requests`; `with_prompts=False` leaves prompt None (simulator).
+
+Requests get ids 0..N-1 in arrival order; `meta["output_length"]` is set when a
+trace supplies it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asap.scheduler.request import Request
+from asap.workload.arrivals import ArrivalProcess
+from asap.workload.lengths import LengthDistribution
+from asap.workload.traces import read_trace
+
+_ARRIVAL_STREAM, _LENGTH_STREAM, _PROMPT_STREAM = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    trace: str | Path | None = None              # Mooncake .jsonl or Azure .csv
+    arrivals: ArrivalProcess | None = None       # overrides trace arrivals
+    lengths: LengthDistribution | None = None    # overrides trace lengths
+    num_requests: int | None = None              # limit (required without a trace)
+    rate: float | None = None                    # rescale arrivals to this mean rate (req/s)
+    time_scale: float = 1.0                      # multiply arrival times (ignored if rate is set)
+    length_scale: float = 1.0
+    min_tokens: int = 1
+    max_tokens: int | None = None
+    slo_ttft_s: float | None = None              # TTFT budget in seconds ...
+    slo_per_token_s: float | None = None         # ... or per prompt token
+    seed: int = 0
+    with_prompts: bool = True
+    vocab_size: int = 32000
+
+    def __post_init__(self):
+        if self.trace is None and (self.arrivals is None or self.lengths is None or self.num_requests is None):
+            raise ValueError("without a trace, a workload needs arrivals, lengths and num_requests")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise ValueError(f"rate must be a positive number of requests/s, got {self.rate!r}")
+        if self.rate is not None and self.time_scale != 1.0:
+            raise ValueError("set either rate or time_scale, not both")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if not self.length_scale > 0:
+            raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
+        if self.min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens={self.max_tokens} is below min_tokens={self.min_tokens}")
+        if self.slo_ttft_s is not None and self.slo_per_token_s is not None:
+            raise ValueError("set either slo_ttft_s or slo_per_token_s, not both")
+        for name in ("slo_ttft_s", "slo_per_token_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+
+    def build(self) -> list[Request]:
+        trace = read_trace(self.trace) if self.trace is not None else None
+        n = len(trace) if trace is not None else self.num_requests
+        if self.num_requests is not None:
+            n = min(n, self.num_requests)
+        arrival_rng = np.random.default_rng([self.seed, _ARRIVAL_STREAM])
+        length_rng = np.random.default_rng([self.seed, _LENGTH_STREAM])
+
+        times = self.arrivals.times(n, arrival_rng) if self.arrivals is not None else trace.arrivals[:n]
+        times = self._scale_times(np.asarray(times, dtype=float))
+        raw = self.lengths.sample(n, length_rng) if self.lengths is not None else trace.input_lengths[:n]
+        lengths = np.rint(np.asarray(raw) * self.length_scale).astype(np.int64)
+        lengths = np.clip(lengths, self.min_tokens, self.max_tokens)
+
+        requests = []
+        for i in range(n):
+            num_tokens = int(lengths[i])
+            arrival = float(times[i])
+            meta = {"output_length": int(trace.output_lengths[i])} if trace is not None else {}
+            requests.append(Request(id=i, num_tokens=num_tokens, arrival=arrival,
+                                    deadline=self._deadline(arrival, num_tokens),
+                                    prompt=self._prompt(i, num_tokens), meta=meta))
+        return requests
+
+    def _scale_times(self, times: np.ndarray) -> np.ndarray:
+        if self.rate is None:
+            return times * self.time_scale
+        if len(times) < 2:
+            return times - times[:1].sum()
+        span = times[-1] - times[0]
+        if span <= 0:
+            raise ValueError("cannot rescale to a rate: all arrivals share one timestamp")
+        return (times - times[0]) * ((len(times) - 1) / span / self.rate)
+
+    def _deadline(self, arrival: float, num_tokens: int) -> float | None:
+        if self.slo_ttft_s is not None:
+            return arrival + self.slo_ttft_s
+        if self.slo_per_token_s is not None:
+            return arrival + self.slo_per_token_s * num_tokens
+        return None
+
+    def _prompt(self, request_id: int, num_tokens: int) -> list[int] | None:
+        if not self.with_prompts:
+            return None
+        rng = np.random.default_rng([self.seed, _PROMPT_STREAM, request_id])
+        return rng.integers(0, self.vocab_size, size=num_tokens).tolist()
