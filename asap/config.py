@@ -7,7 +7,7 @@ simulator) reads this object, never the raw JSON.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "qwen3_moe")
@@ -153,3 +153,45 @@ class ModelConfig:
         if not p.is_file():
             raise FileNotFoundError(f"no config.json in {path}")
         return cls.from_hf(json.loads(p.read_text()))
+
+
+def _f(default, help: str):
+    """A config field whose help text also becomes its CLI flag's help."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the async and sync engines are laid out and scheduled."""
+    attention_workers: int = _f(1, "async: number of attention replicas (A)")
+    expert_workers: int = _f(1, "async: number of expert workers (E)")
+    devices: int = _f(2, "sync: number of DP+EP ranks (N); compare with A+E")
+    transport: str = _f("shm", "shm (one machine) or gloo/nccl (torch.distributed)")
+    token_budget: int = _f(2048, "max prompt tokens per replica step (chunked prefill)")
+    microbatches: int = _f(2, "micro-batches in flight per replica (ping-pong depth); sync: 1 or 2 (two-batch overlap)")
+    adaptive_depth: bool = _f(False, "async: adapt the number of micro-batches to the expert round-trip")
+    router: str = _f("queue-aware", "request router across replicas")
+    order: str = _f("fcfs", "per-replica order: fcfs, sjf or edf")
+    selector: str = _f("oldest", "expert work selection: oldest, largest or deadline")
+    aggregation_window_ms: float = _f(0.0, "expert side: wait up to this long to merge same-layer work")
+    max_queue: int = _f(1024, "bounded queue of waiting requests per replica")
+    compute: str = _f("real", "real, or emulated (compute replaced by timed waits from a cost table)")
+    emulated_hidden: int = _f(16, "emulated: hidden size of the tensors that still travel")
+    dilation: float = _f(1.0, "emulated: multiply every emulated op time by this factor")
+    hardware: str = _f("cpu", "emulated: hardware profile of the cost table")
+    ring_mb: int = _f(32, "shm transport: ring size per directed worker pair (MiB)")
+    comm_timeout_s: float = _f(60.0, "a request fails if a peer does not answer within this time")
+    threads_per_worker: int = _f(1, "torch intra-op threads per worker process")
+    master_port: int = _f(0, "torch.distributed: TCP port (0 = pick a free one)")
+
+    def __post_init__(self):
+        for name in ("attention_workers", "expert_workers", "devices", "token_budget", "microbatches",
+                     "max_queue", "threads_per_worker", "emulated_hidden", "ring_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.transport not in ("shm", "gloo", "nccl"):
+            raise ValueError(f"transport must be shm, gloo or nccl, got {self.transport!r}")
+        if self.compute not in ("real", "emulated"):
+            raise ValueError(f"compute must be real or emulated, got {self.compute!r}")
+        if self.dilation <= 0:
+            raise ValueError("dilation must be > 0")

@@ -17,18 +17,24 @@ from asap.model.layers import Rotary, rms_norm
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float, gqa: bool = False):
-    """q [H,n,d], k/v [Hk,Lk,d] -> [n,H,dv]; causal with the chunk placed after `start` cached keys."""
+    """q [H,n,d], k [Hk,Lk,d], v [Hk,Lk,dv] -> [n,H,dv]; causal with the chunk placed after `start` cached keys."""
+    dv = v.shape[-1]
+    if dv != q.shape[-1]:
+        # CPU flash attention needs equal head dims; padding V with zeros is exact and ~4x faster than the
+        # math fallback MLA (qk 192 vs v 128) would otherwise take.
+        v = F.pad(v, (0, q.shape[-1] - dv))
+    q, k, v = q[None], k[None], v[None]           # the fused kernels want a batch dim
     if start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        n, lk = q.shape[1], k.shape[1]
+        n, lk = q.shape[2], k.shape[2]
         mask = torch.arange(lk, device=q.device)[None, :] <= (start + torch.arange(n, device=q.device))[:, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return out.transpose(0, 1)
+    return out[0, ..., :dv].transpose(0, 1)
 
 
 def mla(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, layer: int, rope: Rotary):
-    H, dn, R, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    H, dn, R, r, dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
     T = x.shape[0]
     if cfg.q_lora_rank:
         q = F.linear(rms_norm(F.linear(x, w["self_attn.q_a_proj.weight"]), w["self_attn.q_a_layernorm.weight"],
@@ -42,12 +48,12 @@ def mla(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, l
     q = torch.cat((q[..., :dn], rope.apply(q[..., dn:], cos, sin)), dim=-1)
     k_rope = rope.apply(ckv[:, None, r:], cos, sin)[:, 0]                   # [T,R], shared by all heads
     scale = (dn + R) ** -0.5
-    out = x.new_empty(T, H, cfg.v_head_dim)
+    out = x.new_empty(T, H, dv)
     for c, rows in batch.segments():
         kv.write(c.request_id, layer, c.start, kv_latent=latent[rows], k_rope=k_rope[rows])
         cache = kv.read(c.request_id, layer, c.start + c.num_tokens)
         lk = cache["kv_latent"].shape[0]
-        kvb = F.linear(cache["kv_latent"], w["self_attn.kv_b_proj.weight"]).view(lk, H, dn + cfg.v_head_dim)
+        kvb = F.linear(cache["kv_latent"], w["self_attn.kv_b_proj.weight"]).view(lk, H, dn + dv)
         k = torch.cat((kvb[..., :dn], cache["k_rope"][:, None, :].expand(lk, H, R)), dim=-1)   # [Lk,H,dn+R]
         v = kvb[..., dn:]                                                                      # [Lk,H,dv]
         out[rows] = _sdpa(q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), c.start, scale)

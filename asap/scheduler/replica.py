@@ -39,9 +39,11 @@ class _Level:
         self.by_order: list = []
         self.by_arrival: list = []
 
-    def push(self, key: tuple[float, float], seq: int, req: Request) -> None:
+    def push(self, key: tuple[float, float], seq: int, req: Request, by_arrival: bool) -> int:
         heapq.heappush(self.by_order, (key, seq, req))
-        heapq.heappush(self.by_arrival, (req.arrival, seq, req))
+        if by_arrival:                  # only needed by the starvation guard
+            heapq.heappush(self.by_arrival, (req.arrival, seq, req))
+        return 1 + by_arrival
 
 
 class ReplicaScheduler:
@@ -60,6 +62,7 @@ class ReplicaScheduler:
         self.max_queue = max_queue
         self.starvation_s = starvation_s
         self.max_running = max_running
+        self._guard = starvation_s is not None
         self._requests: dict[int, Request] = {}     # every request held, waiting or running
         self._running: dict[int, Request] = {}      # started, in start order
         self._levels: dict[int, _Level] = {}        # priority -> waiting heaps (lazy deletion)
@@ -79,8 +82,8 @@ class ReplicaScheduler:
         self._requests[req.id] = req
         self._num_tokens += req.num_remaining
         self._queued = None
-        self._levels.setdefault(req.priority, _Level()).push(_order_key(req, self.order), next(self._seq), req)
-        self._num_heap_entries += 2
+        level = self._levels.setdefault(req.priority, _Level())
+        self._num_heap_entries += level.push(_order_key(req, self.order), next(self._seq), req, self._guard)
         if self._num_heap_entries > 4 * len(self._requests) + 64:
             self._rebuild()
 
@@ -179,7 +182,7 @@ class ReplicaScheduler:
         for priority in sorted(self._levels, reverse=True):
             level = self._levels[priority]
             heap = level.by_order
-            if self.starvation_s is not None:
+            if self._guard:
                 self._clean(level.by_arrival)
                 if level.by_arrival and level.by_arrival[0][0] < now - self.starvation_s:
                     heap = level.by_arrival
@@ -199,5 +202,5 @@ class ReplicaScheduler:
         for priority, level in old.items():
             for key, seq, req in level.by_order:
                 if self._is_waiting(req):
-                    self._levels.setdefault(priority, _Level()).push(key, seq, req)
-                    self._num_heap_entries += 2
+                    kept = self._levels.setdefault(priority, _Level())
+                    self._num_heap_entries += kept.push(key, seq, req, self._guard)

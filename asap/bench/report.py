@@ -1,0 +1,98 @@
+"""Text, JSON and Chrome-trace output of benchmark runs.
+
+A run record (one per target / configuration) is the summary from
+`metrics.summarize` plus:
+
+- label          who produced it, e.g. "async", "sync (emulated)", "simulated"
+- max_slo_rate   when a rate search ran: the highest rate meeting the target
+- search         when a rate search ran: {target, tolerance, converged,
+                 points: [{rate, summary}, ...]}
+
+`write_json` writes {"runs": [record, ...]}.
+
+Spans (worker timeline) are dicts {worker: str, kind: "compute"|"stall"|"idle",
+start: s, end: s}; `write_chrome_trace` turns them into Chrome/Perfetto JSON
+(one "X" event per span, one tid per worker).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from asap.bench.metrics import SUMMARY_KEYS
+
+SPAN_KINDS = ("compute", "stall", "idle")
+TABLE_KEYS = ("max_slo_rate",) + SUMMARY_KEYS
+
+
+def run_record(label: str, summary: dict, search: dict | None = None) -> dict:
+    """One run's record: label + summary (+ max_slo_rate and search points from find_max_rate)."""
+    record = {"label": label, **summary}
+    if search is not None:
+        record["max_slo_rate"] = search["max_slo_rate"]
+        record["search"] = {"target": search["target"], "tolerance": search["tolerance"],
+                            "converged": search["converged"],
+                            "points": [{"rate": rate, "summary": s} for rate, s in search["points"]]}
+    return record
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (bool, int, np.integer)):
+        return str(value)
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def format_table(records: list[dict]) -> str:
+    """Metrics as rows, one column per run headed by its label."""
+    keys = [k for k in TABLE_KEYS if any(k in r for r in records)]
+    rows = [["label"] + [str(r.get("label", "?")) for r in records]]
+    rows += [[k] + [_fmt(r.get(k)) for r in records] for k in keys]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def print_table(records: list[dict]) -> None:
+    print(format_table(records))
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def write_json(path: str | Path, records: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"runs": records}, indent=2, default=_plain) + "\n")
+
+
+def check_spans(spans: list[dict]) -> None:
+    for i, s in enumerate(spans):
+        missing = [k for k in ("worker", "kind", "start", "end") if k not in s]
+        if missing:
+            raise ValueError(f"span {i} lacks {', '.join(missing)}")
+        if s["kind"] not in SPAN_KINDS:
+            raise ValueError(f"span {i}: kind {s['kind']!r} is not one of {SPAN_KINDS}")
+        if s["end"] < s["start"]:
+            raise ValueError(f"span {i}: end {s['end']} is before start {s['start']}")
+
+
+def write_chrome_trace(spans: list[dict], path: str | Path) -> None:
+    """Chrome/Perfetto trace: times in µs, one thread (named after the worker) per worker."""
+    check_spans(spans)
+    tids: dict[str, int] = {}
+    for s in spans:
+        tids.setdefault(s["worker"], len(tids))
+    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": worker}}
+              for worker, tid in tids.items()]
+    events += [{"name": s["kind"], "cat": s["kind"], "ph": "X", "pid": 0, "tid": tids[s["worker"]],
+                "ts": s["start"] * 1e6, "dur": (s["end"] - s["start"]) * 1e6} for s in spans]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_plain))

@@ -1,0 +1,191 @@
+"""Dispatch and combine: the seam where attention hands tokens to experts and back.
+
+Attention side:  pending = dispatch_send(...)   ...   y = combine_recv(inbox, pending, timeout)
+Expert side:     items = dispatch_recv(queue)   ->    combine_send(t, item, partial) per item
+
+Everything is point-to-point: combine_recv waits only for the ranks named in
+its PendingCombine, so replicas, layers and microbatches may interleave freely.
+Shapes: T tokens, K top-k slots, D hidden size, T_r tokens sent to rank r.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from asap.comm.headers import Header, Kind
+from asap.comm.mailbox import Mailbox, WorkItem, wait_for
+from asap.comm.transport import CommTimeout, Transport
+
+# While a selector holds ready work back and does not say until when, it is asked
+# again this often even if nothing new arrives.
+_RESELECT_S = 0.0005
+
+
+@dataclass(frozen=True)
+class PendingCombine:
+    key: tuple[int, int, int, int]        # (replica, layer, microbatch, seq)
+    num_tokens: int                       # T
+    rows: dict[int, torch.Tensor]         # rank -> token indices sent there (ascending, int64)
+    hidden_size: int                      # D, so an all-local batch still gets a [T, D] result
+    dtype: torch.dtype
+    device: torch.device
+
+
+def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  dest: torch.Tensor, *, replica: int, layer: int, microbatch: int, seq: int,
+                  deadline: float = math.inf, always_to: Sequence[int] = ()) -> PendingCombine:
+    """Send each rank the tokens that have >= 1 (token, k) pair routed to it; dest[t, k] is that
+    pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless."""
+    if x.dim() != 2 or topk_ids.dim() != 2:
+        raise ValueError(f"x must be [T, D] and topk_ids [T, K]; got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
+    if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape or dest.shape != topk_ids.shape:
+        raise ValueError(f"x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)}, topk_weights "
+                         f"{tuple(topk_weights.shape)} and dest {tuple(dest.shape)} disagree on [T, K]")
+    if dest.numel() and int(dest.min()) < -1:
+        raise ValueError("dest entries must be a rank or -1")
+    header = Header(Kind.DISPATCH, replica, layer, microbatch, seq, 0, deadline, time.monotonic())
+    ranks = sorted(set(dest[dest >= 0].unique().tolist()) | set(always_to))
+    rows = {}
+    for r in ranks:
+        mine = dest == r                                    # [T, K]
+        idx = mine.any(dim=1).nonzero().squeeze(1)          # [T_r]
+        mine = mine[idx]
+        t.send(r, replace(header, num_tokens=idx.numel()),
+               [x[idx], topk_ids[idx].masked_fill(~mine, -1), topk_weights[idx].masked_fill(~mine, 0)])
+        rows[r] = idx
+    return PendingCombine((replica, layer, microbatch, seq), x.shape[0], rows, x.shape[1], x.dtype, x.device)
+
+
+class WorkQueue:
+    """Expert-side view of a Mailbox: the DISPATCH items that have arrived and not been taken."""
+
+    def __init__(self, mailbox: Mailbox):
+        self.mailbox = mailbox
+
+    def __len__(self) -> int:
+        return len(self.mailbox.work)
+
+
+def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> list[WorkItem]:
+    """The next work to run, from any replica and layer, as chosen by selector (an object with
+    `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first). Several items are
+    returned only when the selector merges same-layer work. [] if nothing is chosen within timeout."""
+    selector = selector or _default_selector()
+    work = q.mailbox.work
+
+    def pick():
+        if not work:
+            return None
+        ready = [_work_info(it) for it in work]
+        chosen = list(selector.select(ready, time.monotonic()))
+        if not chosen:
+            return None
+        if len(set(chosen)) != len(chosen) or not all(0 <= i < len(work) for i in chosen):
+            raise ValueError(f"selector returned bad indices {chosen} for {len(work)} ready items")
+        if len({work[i].header.layer for i in chosen}) != 1:
+            raise ValueError(f"selector merged items of different layers: {chosen}")
+        picked, taken = [work[i] for i in chosen], set(chosen)
+        work[:] = [it for i, it in enumerate(work) if i not in taken]
+        return picked
+
+    def nap():
+        if not work:
+            return None                     # nothing held back: only an arrival can change the answer
+        until = getattr(selector, "wait_until", None)   # AggregationWindow says when it will release
+        return max(0.0, until - time.monotonic()) if until is not None else _RESELECT_S
+
+    return wait_for(q.mailbox, pick, timeout, nap=nap) or []
+
+
+def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor) -> None:
+    """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from."""
+    if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
+        raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
+    header = replace(item.header, kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic())
+    t.send(item.src, header, [partial])
+
+
+class CombineInbox:
+    """Attention-side view of a Mailbox: COMBINE partials stashed by dispatch key."""
+
+    def __init__(self, mailbox: Mailbox):
+        self.mailbox = mailbox
+
+
+def combine_recv(inbox: CombineInbox, pending: PendingCombine, timeout: float | None) -> torch.Tensor:
+    """Wait for every rank in pending.rows, then return [T, D]: the partials scattered back to token
+    order and summed in ascending rank order (so the result is the same every run)."""
+    partials = inbox.mailbox.partials
+    if not wait_for(inbox.mailbox, lambda: pending.rows.keys() <= partials.get(pending.key, {}).keys(), timeout):
+        missing = sorted(pending.rows.keys() - partials.get(pending.key, {}).keys())
+        raise CommTimeout(f"combine {pending.key}: no answer from ranks {missing} within {timeout}s")
+    got = partials.pop(pending.key, {})
+    # Accumulate 16-bit partials in fp32: rounding once at the end, not once per rank.
+    acc = torch.float32 if pending.dtype in (torch.float16, torch.bfloat16) else pending.dtype
+    out = torch.zeros(pending.num_tokens, pending.hidden_size, dtype=acc, device=pending.device)
+    for r in sorted(pending.rows):
+        idx, part = pending.rows[r].to(out.device), got[r]
+        if part.shape != (idx.numel(), pending.hidden_size):
+            raise RuntimeError(f"combine {pending.key}: rank {r} sent {tuple(part.shape)}, "
+                               f"expected {(idx.numel(), pending.hidden_size)}")
+        out.index_add_(0, idx, part.to(out.device, acc))   # indices unique per rank: no atomics race
+    return out.to(pending.dtype)
+
+
+# ---- selection defaults (asap.scheduler.expert_select when it exists) -----
+
+class _WorkInfo(NamedTuple):
+    key: Any
+    replica: int
+    layer: int
+    num_tokens: int
+    sent_at: float
+    deadline: float
+
+
+class _OldestFirst:
+    """Fallback: the oldest item plus other same-layer items, oldest first, up to max_batch_tokens."""
+
+    def __init__(self, max_batch_tokens: int = 8192):
+        self.max_batch_tokens = max_batch_tokens
+
+    def select(self, ready, now) -> list[int]:
+        if not ready:
+            return []
+        order = sorted(range(len(ready)), key=lambda i: (ready[i].sent_at, i))
+        first = order[0]
+        chosen, total = [first], ready[first].num_tokens
+        for i in order[1:]:
+            if ready[i].layer == ready[first].layer and total + ready[i].num_tokens <= self.max_batch_tokens:
+                chosen.append(i)
+                total += ready[i].num_tokens
+        return chosen
+
+
+@functools.cache
+def _scheduler_module():
+    try:
+        import asap.scheduler.expert_select as mod
+    except ModuleNotFoundError as e:
+        if e.name not in ("asap.scheduler.expert_select", "asap.scheduler"):
+            raise
+        return None
+    return mod
+
+
+def _default_selector():
+    mod = _scheduler_module()
+    return mod.OldestFirst() if mod is not None and hasattr(mod, "OldestFirst") else _OldestFirst()
+
+
+def _work_info(item: WorkItem):
+    mod = _scheduler_module()
+    cls = getattr(mod, "WorkInfo", _WorkInfo) if mod is not None else _WorkInfo
+    h = item.header
+    return cls(key=(item.src, *h.key), replica=h.replica, layer=h.layer, num_tokens=h.num_tokens,
+               sent_at=h.sent_at, deadline=h.deadline)

@@ -1,0 +1,188 @@
+"""Shared-memory transport: the default when every worker runs on one machine.
+
+The launcher builds a ShmTransportSpec, which creates one SPSC ring (ring.py)
+per allowed directed (src, dst) pair in POSIX shared memory plus two
+semaphores per rank, before any worker starts. The spec is pickled into each
+spawned worker, which attaches to the rings it sends or receives on by name.
+
+Wake-ups go through semaphores so nobody busy-spins:
+  data[r]  counts messages published to rank r and not yet taken; recv waits on it.
+  space[r] wakes rank r when it sleeps on a full ring and the receiver frees space.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import time
+from collections import deque
+from multiprocessing import shared_memory
+
+import torch
+
+from asap.comm.headers import Header
+from asap.comm.ring import Ring, padded
+from asap.comm.transport import (ENVELOPE_BYTES, CommTimeout, Message, Transport, TransportSpec,
+                                 as_bytes, nbytes, pack_envelope, unpack_envelope)
+
+# Upper bound on one nap while a send waits for space; the space semaphore
+# usually wakes the sender sooner. Bounded so a lost wake-up (the waiting flag
+# is set and checked without a fence) costs at most this much.
+_SPACE_NAP_S = 0.002
+
+
+class ShmTransportSpec(TransportSpec):
+    """Allocates the rings; pass it to spawned workers (it pickles only while spawning,
+    because semaphores can only be inherited). Call cleanup() once the workers exit."""
+
+    def __init__(self, world_size: int, ring_bytes: int = 64 << 20,
+                 pairs: list[tuple[int, int]] | None = None, send_timeout: float = 30.0):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if ring_bytes < 1024:
+            raise ValueError(f"ring_bytes must be >= 1024, got {ring_bytes}")
+        if pairs is None:
+            pairs = [(s, d) for s in range(world_size) for d in range(world_size) if s != d]
+        for s, d in pairs:
+            if not (0 <= s < world_size and 0 <= d < world_size) or s == d:
+                raise ValueError(f"bad pair ({s}, {d}) for world_size {world_size}")
+        self.world_size = world_size
+        self.ring_bytes = padded(ring_bytes)
+        self.pairs = tuple(sorted(set(pairs)))
+        self.send_timeout = send_timeout
+        self.prefix = f"asap{os.getpid()}_{secrets.token_hex(4)}"
+        ctx = mp.get_context("spawn")   # spawn-style semaphores keep a name children can open
+        self._data = tuple(ctx.Semaphore(0) for _ in range(world_size))
+        self._space = tuple(ctx.Semaphore(0) for _ in range(world_size))
+        self._owned: list[shared_memory.SharedMemory] = []
+        try:
+            for pair in self.pairs:   # fresh POSIX shm is zero-filled: both positions start at 0
+                self._owned.append(shared_memory.SharedMemory(
+                    name=self.segment_name(pair), create=True, size=Ring.segment_bytes(self.ring_bytes)))
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def segment_name(self, pair: tuple[int, int]) -> str:
+        return f"{self.prefix}_{pair[0]}_{pair[1]}"
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_owned"] = []    # only the launcher owns (and unlinks) the segments
+        return state
+
+    def __repr__(self):
+        return (f"ShmTransportSpec(world_size={self.world_size}, ring_bytes={self.ring_bytes}, "
+                f"pairs={len(self.pairs)}, prefix={self.prefix!r})")
+
+    def connect(self, rank: int) -> "ShmTransport":
+        return ShmTransport(self, rank)
+
+    def cleanup(self) -> None:
+        while self._owned:
+            shm = self._owned.pop()
+            shm.close()
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class ShmTransport(Transport):
+    def __init__(self, spec: ShmTransportSpec, rank: int):
+        if not 0 <= rank < spec.world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {spec.world_size}")
+        self.rank, self.world_size, self.send_timeout = rank, spec.world_size, spec.send_timeout
+        self._spec = spec
+        self._segments: list[shared_memory.SharedMemory] = []
+        self._out: dict[int, Ring] = {}
+        self._in: list[tuple[int, Ring]] = []
+        for s, d in spec.pairs:
+            if rank in (s, d):
+                # Attaching registers the name with the resource tracker too; spawned
+                # children share the launcher's tracker, so that is a harmless repeat.
+                shm = shared_memory.SharedMemory(name=spec.segment_name((s, d)))
+                self._segments.append(shm)
+                ring = Ring(shm.buf, spec.ring_bytes)
+                if s == rank:
+                    self._out[d] = ring
+                else:
+                    self._in.append((s, ring))
+        self._backlog: deque[Message] = deque()   # taken off the rings while a send waited
+        self._next_in = 0
+
+    def send(self, dst: int, header: Header, tensors: list[torch.Tensor]) -> None:
+        self._check_dst(dst)
+        ring = self._out.get(dst)
+        if ring is None:
+            raise ValueError(f"no ring from rank {self.rank} to {dst}; add the pair to the spec")
+        parts = [torch.frombuffer(pack_envelope(header, tensors), dtype=torch.uint8)]
+        parts += [as_bytes(t) for t in tensors]
+        deadline = None
+        while not ring.try_write(parts):
+            now = time.monotonic()
+            deadline = deadline or now + self.send_timeout
+            if now >= deadline:
+                raise CommTimeout(f"rank {self.rank}: ring to rank {dst} stayed full for {self.send_timeout}s "
+                                  f"({ring.used()}/{ring.capacity} bytes used)")
+            ring.mark_waiting()
+            if ring.try_write(parts):
+                break
+            # Keep our own inbound rings moving while we wait: dst may itself be stuck
+            # sending to us, and two ranks blocked on each other's full ring never recover.
+            if not self._drain_one():
+                self._spec._space[self.rank].acquire(timeout=min(_SPACE_NAP_S, deadline - now))
+        self._spec._data[dst].release()
+
+    def poll(self) -> Message | None:
+        if self._backlog:
+            return self._backlog.popleft()
+        return self._take() if self._spec._data[self.rank].acquire(block=False) else None
+
+    def recv(self, timeout: float | None) -> Message | None:
+        if self._backlog:
+            return self._backlog.popleft()
+        if timeout is not None:
+            timeout = max(0.0, timeout)
+        return self._take() if self._spec._data[self.rank].acquire(timeout=timeout) else None
+
+    def close(self) -> None:
+        for _, ring in self._in:
+            ring.close()
+        for ring in self._out.values():
+            ring.close()
+        self._in, self._out = [], {}
+        while self._segments:
+            self._segments.pop().close()
+
+    def _drain_one(self) -> bool:
+        if not self._spec._data[self.rank].acquire(block=False):
+            return False
+        self._backlog.append(self._take())
+        return True
+
+    def _take(self) -> Message:
+        """Read one message; the caller has already taken its count from data[rank]."""
+        n = len(self._in)
+        for _ in range(1000):   # the count is posted after the write, so a record is (nearly) always there
+            for i in range(n):   # round-robin so one chatty sender cannot starve the others
+                src, ring = self._in[(self._next_in + i) % n]
+                body = ring.read()
+                if body is not None:
+                    self._next_in = (self._next_in + i + 1) % n
+                    if ring.take_waiter():
+                        self._spec._space[src].release()
+                    return _decode(src, body)
+            time.sleep(0)
+        raise RuntimeError(f"rank {self.rank}: message count posted but no ring holds a message")
+
+
+def _decode(src: int, body: torch.Tensor) -> Message:
+    header, layout = unpack_envelope(body[:ENVELOPE_BYTES].numpy())
+    tensors, off = [], padded(ENVELOPE_BYTES)
+    for dtype, shape in layout:
+        n = nbytes(dtype, shape)
+        # Views into the private copy of the record; offsets are 8-aligned, so any dtype fits.
+        tensors.append(body[off:off + n].view(dtype).reshape(shape))
+        off += padded(n)
+    return Message(src, header, tensors)

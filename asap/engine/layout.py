@@ -1,0 +1,72 @@
+"""Who runs where: transport ranks, expert placement and the worker specs of an engine.
+
+async: ranks [0, A) are attention replicas, [A, A+E) expert workers.
+sync:  ranks [0, N) are replicas that also hold 1/N of the experts each.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from asap.config import ModelConfig, RuntimeConfig
+from asap.scheduler.placement import contiguous_placement
+from asap.workers.main import WorkerSpec
+
+
+@dataclass
+class Layout:
+    specs: list[WorkerSpec]
+    transport: object
+    num_replicas: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int):
+    if rt.transport == "shm":
+        from asap.comm import ShmTransportSpec
+        return ShmTransportSpec(world, ring_bytes=ring_bytes, pairs=pairs, send_timeout=rt.comm_timeout_s)
+    from asap.comm import DistTransportSpec
+    port = rt.master_port or free_port()
+    return DistTransportSpec(backend=rt.transport, init_method=f"tcp://127.0.0.1:{port}", world_size=world,
+                             device="cuda" if rt.transport == "nccl" else "cpu")
+
+
+def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str, dtype: str, device: str,
+                 send_kv: bool) -> Layout:
+    if mode == "async":
+        A, E = rt.attention_workers, rt.expert_workers
+        if E > cfg.num_experts:
+            raise ValueError(f"expert_workers={E} exceeds the model's {cfg.num_experts} experts")
+        first_expert_rank, world = A, A + E
+        pairs = [(a, A + e) for a in range(A) for e in range(E)] + [(A + e, a) for a in range(A) for e in range(E)]
+    elif mode == "sync":
+        A = E = rt.devices
+        if E > cfg.num_experts:
+            raise ValueError(f"devices={E} exceeds the model's {cfg.num_experts} experts")
+        first_expert_rank, world = 0, A
+        pairs = [(i, j) for i in range(A) for j in range(A) if i != j]   # self-sends stay local (Loopback)
+    else:
+        raise ValueError(f"mode must be async or sync, got {mode!r}")
+    placement = contiguous_placement(cfg.num_layers, cfg.num_experts, E)
+    layer = cfg.moe_layer_ids[0] if cfg.moe_layer_ids else 0
+    owner = [first_expert_rank + placement.replicas[layer][e][0] for e in range(cfg.num_experts)]
+    shard = {w: placement.experts_on(w, layer) for w in range(E)}
+    emulated = rt.compute == "emulated"
+    hidden = rt.emulated_hidden if emulated else cfg.hidden_size
+    # A ring holds a few of the largest messages: a replica's full step of activations plus routing.
+    ring = max(rt.ring_mb * 2**20, 3 * rt.token_budget * (hidden * 4 + cfg.top_k * 16) + 2**16) if not emulated \
+        else max(2**20, 4 * rt.token_budget * (hidden * 4 + cfg.top_k * 16))
+    common = dict(model_dir=model_dir, model_cfg=cfg, runtime=rt, owner=owner, dtype=dtype, device=device,
+                  send_kv=send_kv)
+    transport = _transport(rt, world, pairs, ring)
+    if mode == "async":
+        specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, **common) for a in range(A)]
+        specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], **common) for e in range(E)]
+    else:
+        specs = [WorkerSpec("rank", i, i, transport=transport, expert_ids=shard[i], **common) for i in range(A)]
+    return Layout(specs, transport, A)

@@ -1,0 +1,149 @@
+"""The async and sync engines: the same engine process around different worker loops.
+
+mode="async": A attention replicas + E expert workers (N = A + E devices).
+mode="sync":  N ranks, each an attention replica plus 1/N of the experts.
+The engine routes each request to a replica with the shared router policy,
+collects results, and watches the workers: when one dies, every request in
+flight fails with an error and the engine reports itself unhealthy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from concurrent.futures import Future
+
+import torch
+
+from asap.config import ModelConfig, RuntimeConfig
+from asap.engine.layout import build_layout
+from asap.engine.output import PrefillOutput
+from asap.scheduler.request import Request
+from asap.scheduler.router import ReplicaLoad, make_router
+from asap.workers.launcher import Cluster
+from asap.workers.messages import Failure, Result, Spans, Submit
+from asap.workers.spans import fractions
+
+
+class EngineUnhealthy(RuntimeError):
+    pass
+
+
+class RuntimeEngine:
+    def __init__(self, model_dir, mode: str = "async", dtype=torch.float32, device=torch.device("cpu"),
+                 runtime: RuntimeConfig | None = None, send_kv: bool = True, **overrides):
+        rt = dataclasses.replace(runtime or RuntimeConfig(), **overrides)
+        self.mode, self.runtime = mode, rt
+        self.cfg = ModelConfig.from_dir(model_dir)
+        self.emulated = rt.compute == "emulated"
+        self._layout_args = (self.cfg, rt, mode, str(model_dir), str(dtype).removeprefix("torch."), str(device),
+                             send_kv)
+        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
+        self.router = make_router(rt.router)
+        self._lock = threading.Lock()
+        self._futures: dict[int, tuple[Future, int, float]] = {}      # id -> (future, replica, submitted)
+        self._loads = [dict() for _ in range(self.num_replicas)]     # replica -> {id: tokens}
+        self.spans: dict[str, list] = {}
+        self.errors: list[str] = []
+        self._closing = self._closed = False
+        self._start()
+        self._collector = threading.Thread(target=self._collect, name="asap-collector", daemon=True)
+        self._collector.start()
+
+    def _start(self):
+        self._stopping = True
+        layout = build_layout(*self._layout_args)
+        self.cluster = Cluster(layout.specs, layout.transport)
+        try:
+            self.cluster.wait_ready()
+        except Exception:
+            self.cluster.close()
+            raise
+        for msg in self.cluster.early:
+            self._handle(msg)
+        self.errors.clear()
+        self._stopping = False
+
+    def restart(self) -> None:
+        """Stop every worker and start them again (each reloads its weights); requests in flight fail."""
+        self._stopping = True
+        self.cluster.close()
+        self._fail_all("engine restarting")
+        self._start()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def submit(self, request_id: int, prompt: list[int] | None, deadline: float | None = None,
+               num_tokens: int | None = None) -> Future:
+        fut: Future = Future()
+        n = len(prompt) if prompt is not None else num_tokens
+        if not self.healthy():
+            fut.set_exception(EngineUnhealthy(f"engine unhealthy: {'; '.join(self.errors[-3:])}"))
+            return fut
+        now = time.monotonic()
+        with self._lock:
+            loads = [ReplicaLoad(i, len(l), sum(l.values()), [(t, 0) for t in l.values()])
+                     for i, l in enumerate(self._loads)]
+            replica = self.router.route(Request(request_id, n, now, deadline), loads, now)
+            self._futures[request_id] = (fut, replica, now)
+            self._loads[replica][request_id] = n
+        self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline))
+        return fut
+
+    def _collect(self):
+        while not self._closing:
+            cluster = self.cluster
+            try:
+                msg = cluster.results.get(timeout=0.1)
+            except Exception:  # noqa: BLE001 - queue.Empty, or the queue closed at shutdown/restart
+                msg = None
+            if msg is not None:
+                self._handle(msg)
+            dead = cluster.dead()
+            if dead and not self._stopping:
+                self._fail_all(f"worker(s) died: {dead}")
+
+    def _handle(self, msg):
+        if isinstance(msg, Result):
+            with self._lock:
+                entry = self._futures.pop(msg.request_id, None)
+                self._loads[msg.replica].pop(msg.request_id, None)
+            if entry is None:
+                return
+            fut, _, submitted = entry
+            if msg.error:
+                fut.set_exception(RuntimeError(msg.error))
+            else:
+                fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
+                                             {"submitted": submitted, "finished": msg.finished_at}))
+        elif isinstance(msg, Spans):
+            self.spans.setdefault(msg.worker, []).extend(msg.spans)
+        elif isinstance(msg, Failure):
+            self._fail_all(f"{msg.worker} failed: {msg.error.strip().splitlines()[-1]}")
+
+    def _fail_all(self, error: str):
+        if error not in self.errors:
+            self.errors.append(error)
+        with self._lock:
+            pending, self._futures = self._futures, {}
+            for l in self._loads:
+                l.clear()
+        for fut, _, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(EngineUnhealthy(error))
+
+    # ---- health, stats, shutdown ----------------------------------------------------------------
+    def healthy(self) -> bool:
+        return not self.errors and not self.cluster.dead()
+
+    def worker_fractions(self, start: float | None = None, end: float | None = None) -> dict[str, dict]:
+        """Busy (compute), stall and idle fractions per worker over [start, end] (monotonic clock)."""
+        return {w: fractions(s, start, end) for w, s in sorted(self.spans.items())}
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True) or not hasattr(self, "_collector"):
+            return
+        self._closed = self._stopping = True
+        self.cluster.close()
+        self._closing = True
+        self._collector.join(timeout=5)
+        self._fail_all("engine closed")

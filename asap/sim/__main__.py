@@ -1,0 +1,85 @@
+"""`python -m asap.sim {headline,calibrate,speed,trace} ...` (every figure printed is SIMULATED)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from asap.sim.calibrate import calibrate
+from asap.sim.experiments import TRACE, at_rate, run_headline, trace_requests
+from asap.sim.run import run
+from asap.sim.trace_export import write_trace
+
+
+def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
+          hardware="cloudmatrix384", tokens_per_device_s: float = 4000.0, trace=TRACE) -> dict:
+    """Wall time of one run: the trace's first requests, offered at `tokens_per_device_s` per device."""
+    import time
+    base = trace_requests(trace, num_requests)
+    rate = devices * tokens_per_device_s / (sum(r.num_tokens for r in base) / len(base))
+    t = time.perf_counter()
+    res = run(at_rate(base, rate), engine, model, hardware, devices)
+    total = time.perf_counter() - t
+    out = {"engine": engine, "devices": devices, "num_requests": len(base), "rate": rate, "num_events": res.num_events,
+           "loop_s": res.wall_s, "total_s": total, "events_per_s": res.events_per_s,
+           "attention_workers": res.attention_workers}
+    print(f"[SIMULATED] {engine} {model} x{devices} {hardware}: {len(base)} requests, {res.num_events} events in "
+          f"{res.wall_s:.1f} s loop / {total:.1f} s total -> {res.events_per_s:.0f} events/s")
+    return out
+
+
+def trace(out: str, engine: str, devices: int, rate: float, start: float, length: float, num_requests: int,
+          model="deepseek-v3", hardware="cloudmatrix384") -> Path:
+    reqs = at_rate(trace_requests(TRACE, num_requests), rate)
+    res = run(reqs, engine, model, hardware, devices, trace_window=(start, start + length))
+    path = write_trace(res.spans, out)
+    print(f"[SIMULATED] wrote {len(res.spans)} spans of {engine} x{devices} [{start}, {start + length}] s to {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asap.sim", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("headline", help="async vs sync SLO-compliant throughput vs device count")
+    h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
+    h.add_argument("--num-requests", type=int, default=None, help="first N trace requests (default 40 per device)")
+    h.add_argument("--model", default="deepseek-v3")
+    h.add_argument("--hardware", default="cloudmatrix384")
+    h.add_argument("--trace", default=str(TRACE))
+    h.add_argument("--slo-scale", type=float, default=5.0)
+    h.add_argument("--microbatches", default="2", help="async micro-batches: an int or 'adaptive'")
+    h.add_argument("--out", default="out/sim_headline")
+    c = sub.add_parser("calibrate", help="sync DeepSeek-V3 on 32 H800 vs DeepSeek's published figure")
+    c.add_argument("--hardware", default="h800")
+    c.add_argument("--json", default=None)
+    s = sub.add_parser("speed", help="events/s for 10k trace requests at 384 devices")
+    s.add_argument("--num-requests", type=int, default=10000)
+    s.add_argument("--devices", type=int, default=384)
+    s.add_argument("--engine", default="async", choices=["async", "sync"])
+    t = sub.add_parser("trace", help="Chrome/Perfetto trace of a time window")
+    t.add_argument("--engine", default="async", choices=["async", "sync"])
+    t.add_argument("--devices", type=int, default=32)
+    t.add_argument("--rate", type=float, default=2.0, help="requests/s")
+    t.add_argument("--start", type=float, default=20.0)
+    t.add_argument("--length", type=float, default=1.0)
+    t.add_argument("--num-requests", type=int, default=200)
+    t.add_argument("--out", default="out/sim_trace.json")
+    a = p.parse_args(argv)
+    if a.cmd == "headline":
+        mb = a.microbatches if a.microbatches == "adaptive" else int(a.microbatches)
+        run_headline(a.devices, a.num_requests, a.model, a.hardware, a.trace, a.slo_scale, a.out, microbatches=mb)
+        print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'}, headline.png, attainment.png")
+    elif a.cmd == "calibrate":
+        out = calibrate(hardware=a.hardware)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    elif a.cmd == "speed":
+        speed(a.num_requests, a.devices, a.engine)
+    else:
+        trace(a.out, a.engine, a.devices, a.rate, a.start, a.length, a.num_requests)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

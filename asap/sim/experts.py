@@ -1,0 +1,75 @@
+"""Expert load imbalance: per-expert load vectors -> what the busiest expert worker gets.
+
+Loads come from measured routing statistics (`RoutingStats.loads()`, or a JSON
+file holding that [moe_layer][expert] table) or from a Zipf skew (exponent 0 =
+uniform). The placement policy (asap.scheduler.placement, reused as is) turns
+loads into copies on workers; the cost model only needs, per MoE layer, the
+largest fraction of the layer's top-k assignments that any one worker receives
+(tokens of a replicated expert split evenly over its copies, which is what
+`ReplicaChooser` does in expectation) and the number of expert slots per worker.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asap.scheduler.placement import Placement, balanced_placement
+
+
+@dataclass(frozen=True)
+class ExpertShares:
+    num_workers: int
+    max_share: tuple[float, ...]    # per MoE layer: max over workers of its fraction of top-k assignments
+    slots: int                      # expert copies per worker per layer
+
+
+def zipf_loads(num_layers: int, num_experts: int, exponent: float, seed: int = 0) -> list[list[float]]:
+    """load(rank i) ~ 1 / i**exponent, shuffled over experts independently per layer."""
+    if exponent < 0:
+        raise ValueError(f"Zipf exponent must be >= 0, got {exponent}")
+    base = 1.0 / np.arange(1, num_experts + 1) ** exponent
+    base /= base.sum()
+    rng = np.random.default_rng(seed)
+    return [list(base[rng.permutation(num_experts)]) for _ in range(num_layers)]
+
+
+def read_loads(path: str | Path) -> list[list[float]]:
+    """A JSON file with a [moe_layer][expert] table (RoutingStats.loads()), bare or under "loads"."""
+    data = json.loads(Path(path).read_text())
+    table = data["loads"] if isinstance(data, dict) else data
+    if not table or not all(isinstance(row, list) and row for row in table):
+        raise ValueError(f"{path}: expected a non-empty [layer][expert] table of loads")
+    return [[float(x) for x in row] for row in table]
+
+
+def plan_experts(loads: list[list[float]], num_workers: int, num_redundant: int | None = None) -> ExpertShares:
+    """Place experts with `balanced_placement` (EPLB-style) and summarise the busiest worker per layer.
+
+    num_redundant defaults to the fewest extra copies that give every worker the same slot count.
+    Layers whose sorted loads are identical (e.g. a shuffled Zipf) share one placement computation.
+    """
+    num_experts = len(loads[0])
+    if num_redundant is None:
+        num_redundant = (-num_experts) % num_workers
+    shares: dict[tuple, float] = {}
+    out = []
+    for row in loads:
+        total = float(sum(row))
+        if total <= 0:
+            raise ValueError("every MoE layer needs a positive total load")
+        norm = [x / total for x in row]
+        key = tuple(sorted(np.round(norm, 12)))
+        if key not in shares:
+            shares[key] = _max_share(balanced_placement([norm], num_workers, num_redundant), norm)
+        out.append(shares[key])
+    return ExpertShares(num_workers, tuple(out), (num_experts + num_redundant) // num_workers)
+
+
+def _max_share(placement: Placement, load: list[float]) -> float:
+    per_worker = np.zeros(placement.num_workers)
+    for e, workers in enumerate(placement.replicas[0]):
+        per_worker[list(workers)] += load[e] / len(workers)
+    return float(per_worker.max())

@@ -1,0 +1,189 @@
+"""Build a simulated engine from plain arguments, run requests through it, return results.
+
+`simulate(requests, engine="async"|"sync", ...)` -> one asap.bench.metrics.RequestResult
+per request (request_id, arrival, num_tokens, ttft or error, deadline_s), in request
+order, so the benchmark tool can use the simulator as a target. `run(...)` returns
+the same plus engine statistics and trace spans. Policies (router, selector) may be
+given by name or as objects; objects are used as they are.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from asap.config import ModelConfig
+from asap.model.presets import preset_config
+from asap.scheduler.expert_select import make_selector
+from asap.scheduler.request import Request
+from asap.scheduler.router import make_router
+from asap.sim.async_engine import AsyncEngine
+from asap.sim.cost import CostModel
+from asap.sim.events import Arrival
+from asap.sim.experts import ExpertShares, plan_experts, zipf_loads
+from asap.sim.hardware import Hardware, get_hardware
+from asap.sim.simulator import Simulator
+from asap.sim.sync_engine import SyncEngine
+
+MEMORY_USABLE = 0.9     # fraction of device memory for weights; the rest for KV, activations, buffers
+
+
+@dataclass
+class SimRun:
+    results: list                   # RequestResult per request, in request order
+    engine: str
+    devices: int
+    attention_workers: int
+    expert_workers: int
+    num_events: int
+    wall_s: float
+    sim_end_s: float
+    stats: dict = field(default_factory=dict)
+    spans: list = field(default_factory=list)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.num_events / self.wall_s if self.wall_s else 0.0
+
+
+def get_model(spec) -> ModelConfig:
+    """A ModelConfig, a preset name, or an HF config.json dict."""
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, dict):
+        return ModelConfig.from_hf(spec)
+    return ModelConfig.from_hf(preset_config(str(spec)))
+
+
+def expert_bytes(model: ModelConfig, hw: Hardware) -> float:
+    return sum(model.moe_layers) * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size \
+        * hw.weight_bytes
+
+
+def attention_bytes(model: ModelConfig, hw: Hardware) -> float:
+    p = model.num_params()
+    return p["attention_side"] * hw.weight_bytes
+
+
+def min_expert_workers(model: ModelConfig, hw: Hardware) -> int:
+    return max(1, math.ceil(expert_bytes(model, hw) / (MEMORY_USABLE * hw.memory_bytes)))
+
+
+def check_memory(engine: str, model: ModelConfig, hw: Hardware, devices: int, experts: int) -> None:
+    usable = MEMORY_USABLE * hw.memory_bytes
+    need_e, need_a = expert_bytes(model, hw), attention_bytes(model, hw)
+    if engine == "sync":
+        per_rank = need_a + need_e / devices
+        if per_rank > usable:
+            raise ValueError(f"sync on {devices} x {hw.name}: each rank needs {per_rank / 1e9:.1f} GB of weights "
+                             f"(> {usable / 1e9:.1f} GB usable); use more devices")
+    else:
+        if need_a > usable or need_e / experts > usable:
+            raise ValueError(f"async on {hw.name}: {experts} expert workers hold {need_e / experts / 1e9:.1f} GB "
+                             f"each, attention {need_a / 1e9:.1f} GB (usable {usable / 1e9:.1f} GB); "
+                             f"need >= {min_expert_workers(model, hw)} expert workers")
+
+
+def uniform_shares(model: ModelConfig, workers: int) -> ExpertShares:
+    slots = math.ceil(model.num_experts / workers)
+    return ExpertShares(workers, (1.0 / workers,) * sum(model.moe_layers), slots)
+
+
+def balanced_split(cost: CostModel, devices: int, token_budget: int = 16384, microbatches: int = 2,
+                   prompt_len: float = 4096, max_batch_tokens: int = 65536) -> int:
+    """Attention workers A (experts E = devices - A) that balance replica and expert throughput.
+
+    Replica rate: k micro-batches of budget/k tokens, each token attending to prompt_len/2 earlier
+    tokens on average, ping-pong with the experts: per MoE layer max(k * t_attn, t_attn + dispatch +
+    experts + combine). Expert rate: batches of min(max_batch_tokens, A * budget / k) tokens. Uses
+    uniform expert loads; memory bounds E from below. `run` passes the requests' token-weighted
+    mean prompt length, sum(L^2)/sum(L).
+    """
+    m, hw = cost.model, cost.hw
+    k = max(1, microbatches if isinstance(microbatches, int) else 2)
+    mb = max(1, token_budget // k)
+    pairs, kv = int(mb * (prompt_len + 1) / 2), int(mb + prompt_len / 2)
+    t_moe, t_dense = cost.attention_seconds(True, mb, pairs, kv), cost.attention_seconds(False, mb, pairs, kv)
+    n_moe = sum(m.moe_layers)
+    e_min = min_expert_workers(m, hw)
+    best, best_rate = None, -1.0
+    for A in range(1, devices - e_min + 1):
+        E = devices - A
+        shares = uniform_shares(m, E)
+        disp = cost.seconds_per_copy(E, False, devices, hw.dispatch_bytes) * m.top_k
+        comb = cost.seconds_per_copy(E, False, devices, hw.combine_bytes) * m.top_k
+        batch = min(max_batch_tokens, A * mb)
+        t_exp = cost.expert_seconds(0, batch, shares, comb / m.top_k)
+        roundtrip = 2 * hw.link.latency_s + mb * (disp + comb) + t_exp * max(1.0, mb / batch)
+        replica_s = n_moe * max(k * t_moe, t_moe + roundtrip) + (m.num_layers - n_moe) * k * t_dense
+        rate = min(A * k * mb / replica_s, batch / (n_moe * t_exp))
+        if rate > best_rate:
+            best, best_rate = A, rate
+    if best is None:
+        raise ValueError(f"{devices} x {hw.name} cannot hold {m.model_type} experts plus an attention replica")
+    return best
+
+
+def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
+        devices: int = 32, attention_workers: int | None = None, *, token_budget: int = 16384,
+        router="queue-aware", order: str = "fcfs", max_queue: int = 1024, selector="oldest",
+        max_batch_tokens: int = 65536, window_s: float = 0.0, microbatches: "int | str" = 2,
+        two_batch_overlap: bool = True, expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
+        redundant_experts: int | None = None, seed: int = 0,
+        trace_window: tuple[float, float] | None = None, until: float = float("inf")) -> SimRun:
+    """Simulate `requests` (not modified) on `devices` devices. Policies by name or object.
+
+    async: `attention_workers` replicas (default: `balanced_split`) + the rest as expert workers.
+    sync:  `devices` ranks, each attention + 1/devices of the experts.
+    Expert loads: `expert_loads` ([moe_layer][expert], e.g. RoutingStats.loads()) or a Zipf `zipf` skew;
+    experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
+    """
+    if engine not in ("async", "sync"):
+        raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
+    model, hw = get_model(model_cfg), get_hardware(hardware)
+    cost = CostModel(model, hw)
+    if engine == "sync":
+        num_attn = num_exp = devices
+    else:
+        lengths = [r.num_tokens for r in requests] or [4096]
+        num_attn = attention_workers or balanced_split(cost, devices, token_budget, microbatches,
+                                                       sum(n * n for n in lengths) / sum(lengths), max_batch_tokens)
+        num_exp = devices - num_attn
+        if num_exp < 1:
+            raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn}")
+    check_memory(engine, model, hw, devices, num_exp)
+    n_moe = sum(model.moe_layers)
+    loads = expert_loads if expert_loads is not None else zipf_loads(n_moe, model.num_experts, zipf, seed)
+    if len(loads) != n_moe or any(len(row) != model.num_experts for row in loads):
+        raise ValueError(f"expert_loads must be [{n_moe} MoE layers][{model.num_experts} experts]")
+    shares = plan_experts(loads, num_exp, redundant_experts)
+    if isinstance(router, str):
+        router = make_router(router, cost.replica_cost_fn())
+    if engine == "sync":
+        eng = SyncEngine(cost, devices, router, token_budget, shares, order=order, max_queue=max_queue,
+                         two_batch_overlap=two_batch_overlap, trace_window=trace_window)
+    else:
+        if isinstance(selector, str):
+            selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
+        eng = AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=microbatches,
+                          order=order, max_queue=max_queue, trace_window=trace_window)
+    sim = Simulator(eng)
+    own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]
+    if len({r.id for r in own}) != len(own):
+        raise ValueError("request ids must be unique")
+    for r in sorted(own, key=lambda r: r.arrival):
+        sim.schedule(Arrival(r.arrival, r))
+    end = sim.run(until)
+    missing = [r.id for r in own if r.id not in eng.results]
+    if missing and until == float("inf"):
+        raise RuntimeError(f"simulation ended with {len(missing)} requests unfinished (first: {missing[:5]})")
+    results = [eng.results[r.id] for r in own if r.id in eng.results]
+    return SimRun(results, engine, devices, num_attn, num_exp, sim.num_events, sim.wall_s, end,
+                  stats=eng.stats(), spans=eng.spans)
+
+
+def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
+             devices: int = 32, attention_workers: int | None = None, **kw) -> list:
+    """Per-request results (asap.bench.metrics.RequestResult: request_id, arrival, num_tokens, ttft, error,
+    deadline_s), in request order. Keyword arguments as for `run`."""
+    return run(requests, engine, model_cfg, hardware, devices, attention_workers, **kw).results

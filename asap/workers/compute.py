@@ -1,0 +1,95 @@
+"""What a worker computes with: the real model stages, or emulated ones.
+
+Both expose the same methods, so the async loop, the sync loop and the
+reference engine never know which one they drive. Emulated compute replaces
+every stage by a wait whose length comes from a per-op cost table (a function
+of token counts), while tensors shrink to a small hidden size; processes,
+messages, scheduling and queues stay real.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from asap.config import ModelConfig
+from asap.model import stages
+from asap.model.batch import Batch, KVCache
+from asap.model.loader import load_attention_side, load_expert_shard
+from asap.model.moe import combine, expert_stage
+
+
+class RealCompute:
+    emulated = False
+
+    def __init__(self, model_dir, expert_ids=None, attention: bool = True, dtype=torch.float32, device="cpu"):
+        self.dtype, self.device = dtype, device
+        self.side = load_attention_side(model_dir, dtype, device) if attention else None
+        self.shard = load_expert_shard(model_dir, expert_ids, dtype, device) if expert_ids is not None else None
+        self.cfg: ModelConfig = self.side.cfg if self.side else ModelConfig.from_dir(model_dir)
+
+    def new_kv(self) -> KVCache:
+        return KVCache(self.cfg, self.dtype, self.device)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return stages.embed(self.side, token_ids.to(self.device))
+
+    def attention_stage(self, layer: int, h, batch: Batch, kv: KVCache) -> stages.StageOut:
+        return stages.attention_stage(self.side, layer, h, batch, kv)
+
+    def experts(self, layer: int, x, topk_ids, topk_weights):
+        return expert_stage(self.shard, layer, x, topk_ids, topk_weights)
+
+    def combine(self, residual, partials):
+        return combine(residual, partials)
+
+    def logits(self, h, rows: list[int]) -> torch.Tensor:
+        return stages.last_logits(self.side, h, rows)
+
+
+class EmulatedCompute:
+    """Waits instead of computing. `cost` answers per-op seconds (asap.workers.costs.CostTable)."""
+    emulated = True
+
+    def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0,
+                 expert_ids=None):
+        self.cfg, self.cost, self.hidden, self.dilation = cfg, cost, hidden, dilation
+        self.gen = torch.Generator().manual_seed(seed)
+        self.num_local_experts = len(expert_ids) if expert_ids is not None else 0
+        self.dtype, self.device = torch.float32, "cpu"
+
+    def _wait(self, seconds: float):
+        end = time.perf_counter() + seconds * self.dilation
+        while (left := end - time.perf_counter()) > 0:
+            time.sleep(left)
+
+    def new_kv(self):
+        return None
+
+    def embed(self, token_ids):
+        return torch.zeros(token_ids.shape[0], self.hidden)
+
+    def attention_stage(self, layer, h, batch: Batch, kv):
+        chunks = [(c.num_tokens, c.start) for c in batch.chunks]
+        moe = self.cfg.moe_layers[layer]
+        self._wait(self.cost.attention_layer(chunks, moe))
+        if not moe:
+            return stages.StageOut(h=h)
+        T = h.shape[0]
+        # Routing is uniform over experts: top-k distinct ids per token, deterministic per worker seed.
+        ids = torch.rand(T, self.cfg.num_experts, generator=self.gen).topk(self.cfg.top_k, dim=-1).indices
+        w = torch.full((T, self.cfg.top_k), 1.0 / self.cfg.top_k)
+        return stages.StageOut(h=h, x=h, topk_ids=ids, topk_weights=w)
+
+    def experts(self, layer, x, topk_ids, topk_weights):
+        pairs = int((topk_ids >= 0).sum())
+        touched = int(torch.unique(topk_ids[topk_ids >= 0]).numel()) if pairs else 0
+        self._wait(self.cost.experts(pairs, touched))
+        return torch.zeros_like(x)
+
+    def combine(self, residual, partials):
+        return combine(residual, partials)
+
+    def logits(self, h, rows):
+        self._wait(self.cost.head(len(rows)))
+        return torch.zeros(len(rows), 1)

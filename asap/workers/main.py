@@ -1,0 +1,141 @@
+"""A worker process: set-up, the loop for its role, and tear-down.
+
+Roles: "attention" (async replica), "expert" (async expert shard), "rank"
+(sync baseline: replica + expert shard). A worker exits when told to, when the
+engine's stop event is set, or as soon as its parent process is gone.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue as queue_mod
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import parent_process
+
+import torch
+
+from asap.config import ModelConfig, RuntimeConfig
+from asap.workers.messages import Failure, Ready, Shutdown, Spans, Submit
+from asap.workers.spans import SpanRecorder
+
+
+@dataclass
+class WorkerSpec:
+    role: str
+    rank: int                    # transport rank
+    index: int                   # replica index (attention/rank) or expert-worker index
+    model_dir: str
+    model_cfg: ModelConfig
+    runtime: RuntimeConfig
+    transport: object            # a TransportSpec
+    owner: list[int]             # expert id -> transport rank of its expert worker
+    expert_ids: list[int] | None
+    dtype: str = "float32"
+    device: str = "cpu"
+    send_kv: bool = True
+
+
+class WorkerContext:
+    def __init__(self, spec: WorkerSpec, control, results, stop):
+        self.spec, self.control, self.results, self.stop = spec, control, results, stop
+        self.spans = SpanRecorder(f"{spec.role}{spec.index}")
+        self.comm_timeout_s = spec.runtime.comm_timeout_s
+        self._parent = parent_process()
+        self._next_check = 0.0
+
+    def running(self) -> bool:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + 0.2
+            if self._parent is not None and not self._parent.is_alive():
+                self.stop.set()
+        return not self.stop.is_set()
+
+    def intake(self, replica, block: bool, wait_s: float = 0.05) -> bool:
+        """Move submitted requests into the replica; wait up to wait_s for one when idle."""
+        t0 = time.monotonic()
+        timeout = wait_s if block else (wait_s or None)
+        while True:
+            try:
+                msg = self.control.get(timeout=timeout) if timeout else self.control.get_nowait()
+            except queue_mod.Empty:
+                break
+            timeout = None
+            if isinstance(msg, Shutdown):
+                self.stop.set()
+                break
+            if isinstance(msg, Submit):
+                replica.intake(msg)
+        if block or wait_s:
+            self.spans.add("idle", t0, time.monotonic())
+        return replica.has_work
+
+    def flush(self, force: bool = False):
+        spans = self.spans.take(force)
+        if spans:
+            self.results.put(Spans(self.spans.worker, spans))
+
+
+def _die_with_parent():
+    try:   # Linux: the kernel kills us if the engine process dies, even by SIGKILL
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _compute(spec: WorkerSpec, attention: bool):
+    rt = spec.runtime
+    if rt.compute == "emulated":
+        from asap.workers.compute import EmulatedCompute
+        from asap.workers.costs import cost_table
+        return EmulatedCompute(spec.model_cfg, cost_table(spec.model_cfg, rt.hardware), rt.emulated_hidden,
+                               rt.dilation, seed=spec.rank, expert_ids=spec.expert_ids)
+    from asap.workers.compute import RealCompute
+    return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device)
+
+
+def worker_main(spec: WorkerSpec, control, results, stop):
+    _die_with_parent()
+    torch.set_num_threads(spec.runtime.threads_per_worker)
+    ctx = WorkerContext(spec, control, results, stop)
+    transport = None
+    try:
+        from asap.scheduler.replica import ReplicaScheduler
+        from asap.workers.replica import Replica
+        rt = spec.runtime
+        compute = _compute(spec, attention=spec.role != "expert")
+        transport = spec.transport.connect(spec.rank)
+        owner = torch.tensor(spec.owner, dtype=torch.long)
+        results.put(Ready(spec.rank, spec.role))
+
+        def replica():
+            sched = ReplicaScheduler(rt.token_budget, rt.order, rt.max_queue)
+            return Replica(spec.index, compute, sched, results, spec.send_kv)
+
+        if spec.role == "attention":
+            from asap.workers.async_loop import attention_loop
+            attention_loop(ctx, replica(), transport, owner, rt.microbatches, rt.adaptive_depth)
+        elif spec.role == "expert":
+            from asap.scheduler.expert_select import AggregationWindow, make_selector
+            from asap.workers.async_loop import expert_loop
+            sel = make_selector(rt.selector, max_batch_tokens=4 * rt.token_budget)
+            if rt.aggregation_window_ms > 0:
+                sel = AggregationWindow(sel, rt.aggregation_window_ms / 1000)
+            expert_loop(ctx, compute, transport, sel)
+        else:
+            from asap.workers.sync_loop import rank_loop
+            rank_loop(ctx, replica(), compute, transport, owner, tbo=rt.microbatches > 1)
+    except Exception:  # noqa: BLE001 - reported to the engine, which fails the affected requests
+        results.put(Failure(f"{spec.role}{spec.index}", traceback.format_exc()))
+    finally:
+        ctx.flush(force=True)
+        if transport is not None:
+            try:
+                transport.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if ctx._parent is not None and not ctx._parent.is_alive():
+            results.cancel_join_thread()   # nobody will read it; do not hang on exit

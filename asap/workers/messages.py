@@ -1,0 +1,51 @@
+"""Control-plane messages between the engine process and its workers.
+
+Small typed records on multiprocessing queues. Activations never travel here:
+they go through asap.comm (shared-memory rings or torch.distributed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Submit:                      # engine -> attention worker (async) or rank (sync)
+    request_id: int
+    prompt: list[int] | None       # None with emulated compute
+    num_tokens: int
+    arrival: float                 # time.monotonic() in the engine (same clock in every process on one host)
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass
+class Result:                      # worker -> engine
+    request_id: int
+    replica: int
+    first_token: int = -1
+    logits: object = None          # float32 [vocab] tensor (real compute)
+    kv: object = None              # per-layer dicts of tensors (real compute)
+    error: str | None = None
+    finished_at: float = 0.0
+
+
+@dataclass
+class Ready:
+    rank: int
+    role: str
+
+
+@dataclass
+class Spans:                       # worker -> engine, flushed periodically: (kind, start, end) triples
+    worker: str
+    spans: list = field(default_factory=list)
+
+
+@dataclass
+class Failure:                     # a worker hit an error it cannot recover from
+    worker: str
+    error: str

@@ -1,0 +1,104 @@
+"""One attention replica's request-side work, shared by the async and the sync loops.
+
+A Replica takes requests in, plans a step (chunked prefill under the token
+budget, split into micro-batches), runs the attention stage of a micro-batch,
+and finishes a step (logits of completed prompts, results to the engine).
+The loops in async_loop.py and sync_loop.py differ only in how experts are reached.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from asap.model.batch import Batch
+from asap.model.stages import StageOut
+from asap.scheduler.errors import QueueFull
+from asap.scheduler.microbatch import split_microbatches
+from asap.scheduler.replica import ReplicaScheduler
+from asap.scheduler.request import Request
+from asap.workers.messages import Result, Submit
+
+
+@dataclass
+class MicroBatch:
+    batch: Batch
+    h: torch.Tensor          # [T,D] hidden states between layers
+    finishing: list[int]     # indices into batch.chunks whose chunk ends its prompt
+
+
+class Replica:
+    def __init__(self, index: int, compute, scheduler: ReplicaScheduler, results, send_kv: bool = True):
+        self.index, self.compute, self.scheduler, self.results = index, compute, scheduler, results
+        self.send_kv = send_kv
+        self.kv = compute.new_kv()
+        self.prompts: dict[int, list[int] | None] = {}
+
+    # ---- requests in / results out ---------------------------------------------------------------
+    def intake(self, msg: Submit) -> None:
+        req = Request(msg.request_id, msg.num_tokens, arrival=msg.arrival, deadline=msg.deadline)
+        try:
+            self.scheduler.add(req)
+        except QueueFull as e:
+            self.results.put(Result(msg.request_id, self.index, error=f"replica {self.index} queue full: {e}"))
+            return
+        self.prompts[msg.request_id] = msg.prompt
+        if self.kv is not None:
+            self.kv.allocate(msg.request_id, msg.num_tokens)
+
+    def fail(self, request_ids, error: str) -> None:
+        for rid in request_ids:
+            if self.scheduler.abort(rid) is not None:
+                self.prompts.pop(rid, None)
+                if self.kv is not None and rid in self.kv:
+                    self.kv.pop(rid)
+                self.results.put(Result(rid, self.index, error=error, finished_at=time.monotonic()))
+
+    @property
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0
+
+    # ---- a step ----------------------------------------------------------------------------------
+    def plan(self, now: float, k: int, exact_k: bool = False) -> tuple[dict[int, int], list[MicroBatch]]:
+        """Schedule the next step and split it into micro-batches (exactly k, some empty, if exact_k)."""
+        schedule = self.scheduler.schedule(now) if self.has_work else {}
+        starts = {rid: self.scheduler.get(rid).num_computed for rid in schedule}
+        groups = split_microbatches(schedule, starts, k) if schedule else []
+        if exact_k:
+            groups = groups + [[] for _ in range(k - len(groups))]
+        return schedule, [self._microbatch(g) for g in groups]
+
+    def _microbatch(self, chunks) -> MicroBatch:
+        batch = Batch.build(chunks, self.compute.device)
+        if self.compute.emulated:
+            ids = torch.zeros(batch.num_tokens, dtype=torch.long)
+        else:
+            ids = torch.tensor([t for c in chunks for t in self.prompts[c.request_id][c.start:c.start + c.num_tokens]],
+                               dtype=torch.long)
+        finishing = [i for i, c in enumerate(chunks)
+                     if c.start + c.num_tokens == self.scheduler.get(c.request_id).num_tokens]
+        return MicroBatch(batch, self.compute.embed(ids), finishing)
+
+    def attention(self, mb: MicroBatch, layer: int) -> StageOut:
+        if mb.batch.num_tokens == 0:     # sync baseline: an idle rank still takes part with an empty batch
+            K = self.compute.cfg.top_k
+            empty = torch.zeros(0, K)
+            return StageOut(h=mb.h, x=mb.h if self.compute.cfg.moe_layers[layer] else None,
+                            topk_ids=empty.long() if self.compute.cfg.moe_layers[layer] else None, topk_weights=empty)
+        return self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
+
+    def finish(self, schedule: dict[int, int], mbs: list[MicroBatch]) -> None:
+        for mb in mbs:
+            if not mb.finishing:
+                continue
+            rows = [mb.batch.offsets[i + 1] - 1 for i in mb.finishing]
+            logits = self.compute.logits(mb.h, rows)
+            now = time.monotonic()
+            for j, i in enumerate(mb.finishing):
+                rid = mb.batch.chunks[i].request_id
+                kv = self.kv.pop(rid) if self.kv is not None else None
+                self.results.put(Result(rid, self.index, int(logits[j].argmax()), logits[j].clone(),
+                                        kv if self.send_kv else None, finished_at=now))
+        for req in self.scheduler.commit(schedule):
+            self.prompts.pop(req.id, None)

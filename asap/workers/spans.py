@@ -1,0 +1,50 @@
+"""Per-worker time accounting: compute, stall (waiting on peers) and idle spans."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+KINDS = ("compute", "stall", "idle")
+
+
+class SpanRecorder:
+    def __init__(self, worker: str, flush_every_s: float = 0.5):
+        self.worker, self.flush_every_s = worker, flush_every_s
+        self.pending: list[tuple[str, float, float]] = []
+        self._last_flush = time.monotonic()
+
+    @contextmanager
+    def span(self, kind: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(kind, t0, time.monotonic())
+
+    def add(self, kind: str, start: float, end: float) -> None:
+        if end > start:
+            if self.pending and self.pending[-1][0] == kind and start - self.pending[-1][2] < 1e-4:
+                self.pending[-1] = (kind, self.pending[-1][1], end)     # merge back-to-back spans
+            else:
+                self.pending.append((kind, start, end))
+
+    def take(self, force: bool = False) -> list | None:
+        now = time.monotonic()
+        if not self.pending or (not force and now - self._last_flush < self.flush_every_s):
+            return None
+        self._last_flush = now
+        out, self.pending = self.pending, []
+        return out
+
+
+def fractions(spans, start: float | None = None, end: float | None = None) -> dict[str, float]:
+    """Busy/stall/idle fractions of one worker's spans over [start, end]."""
+    if not spans:
+        return {k: 0.0 for k in KINDS}
+    start = min(s for _, s, _ in spans) if start is None else start
+    end = max(e for _, _, e in spans) if end is None else end
+    total = max(end - start, 1e-9)
+    out = {k: 0.0 for k in KINDS}
+    for kind, s, e in spans:
+        out[kind] += max(0.0, min(e, end) - max(s, start)) / total
+    return out

@@ -1,0 +1,75 @@
+"""Expert-side selectors: the right primary, same-layer merging within max_batch_tokens,
+and a bounded aggregation wait."""
+import pytest
+
+from asap.scheduler import (AggregationWindow, DeadlineFirst, LargestFirst, OldestFirst, WorkInfo,
+                            make_selector)
+
+INF = float("inf")
+
+
+def w(key, layer, num_tokens, sent_at, deadline=INF, replica=0):
+    return WorkInfo(key=key, replica=replica, layer=layer, num_tokens=num_tokens, sent_at=sent_at,
+                    deadline=deadline)
+
+
+READY = [
+    w("a", layer=3, num_tokens=100, sent_at=2.0, deadline=9.0),
+    w("b", layer=5, num_tokens=50, sent_at=1.0),                   # oldest
+    w("c", layer=7, num_tokens=900, sent_at=3.0, deadline=20.0),   # largest
+    w("d", layer=9, num_tokens=10, sent_at=4.0, deadline=5.0),     # earliest deadline
+]
+
+
+@pytest.mark.parametrize("selector, primary", [(OldestFirst(), "b"), (LargestFirst(), "c"),
+                                               (DeadlineFirst(), "d")])
+def test_each_rule_picks_its_primary(selector, primary):
+    assert [READY[i].key for i in selector.select(READY, now=10.0)] == [primary]
+
+
+def test_merges_only_same_layer_items_up_to_max_batch_tokens():
+    ready = [
+        w("old", layer=4, num_tokens=300, sent_at=0.0, replica=0),
+        w("other-layer", layer=5, num_tokens=10, sent_at=0.5, replica=1),
+        w("r1", layer=4, num_tokens=500, sent_at=1.0, replica=1),
+        w("too-big", layer=4, num_tokens=400, sent_at=2.0, replica=2),   # 300+500+400 > 1000
+        w("r3", layer=4, num_tokens=200, sent_at=3.0, replica=3),        # still fits: 1000
+        w("r4", layer=4, num_tokens=1, sent_at=4.0, replica=4),          # full
+    ]
+    batch = OldestFirst(max_batch_tokens=1000).select(ready, now=5.0)
+    assert [ready[i].key for i in batch] == ["old", "r1", "r3"]
+    assert len({ready[i].layer for i in batch}) == 1
+    assert sum(ready[i].num_tokens for i in batch) <= 1000
+
+
+def test_primary_runs_even_if_larger_than_max_batch_tokens():
+    ready = [w("huge", 1, 5000, 0.0), w("small", 1, 10, 1.0)]
+    assert OldestFirst(max_batch_tokens=1000).select(ready, 2.0) == [0]
+
+
+def test_nothing_ready_means_wait():
+    assert OldestFirst().select([], 0.0) == []
+
+
+def test_aggregation_window_waits_at_most_window_s_then_releases():
+    ready = [w("a", 2, 100, sent_at=1.0), w("b", 2, 100, sent_at=1.2)]
+    sel = AggregationWindow(OldestFirst(max_batch_tokens=1000), window_s=0.5)
+    assert sel.select(ready, now=1.1) == [] and sel.wait_until == pytest.approx(1.5)
+    assert sel.select(ready, now=1.49) == []
+    assert sel.select(ready, now=1.5) == [0, 1] and sel.wait_until is None
+
+
+def test_aggregation_window_releases_early_when_the_batch_is_full():
+    ready = [w("a", 2, 600, sent_at=1.0), w("b", 2, 400, sent_at=1.0)]
+    sel = AggregationWindow(OldestFirst(max_batch_tokens=1000), window_s=10.0)
+    assert sel.select(ready, now=1.0) == [0, 1]
+
+
+def test_make_selector_names_window_and_unknown_name():
+    assert isinstance(make_selector("oldest"), OldestFirst)
+    assert isinstance(make_selector("largest"), LargestFirst)
+    assert make_selector("deadline", max_batch_tokens=64).max_batch_tokens == 64
+    windowed = make_selector("oldest", window_s=0.002)
+    assert isinstance(windowed, AggregationWindow) and isinstance(windowed.inner, OldestFirst)
+    with pytest.raises(ValueError, match="oldest.*largest.*deadline"):
+        make_selector("newest")
