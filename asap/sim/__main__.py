@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--trace", default=str(TRACE))
     h.add_argument("--slo-scale", type=float, default=5.0)
     h.add_argument("--microbatches", default="2", help="async micro-batches: an int or 'adaptive'")
+    h.add_argument("--max-prompt", type=int, default=None, help="clip prompt lengths (sensitivity check)")
     h.add_argument("--out", default="out/sim_headline")
     c = sub.add_parser("calibrate", help="sync DeepSeek-V3 on 32 H800 vs DeepSeek's published figure")
     c.add_argument("--hardware", default="h800")
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "headline":
         mb = a.microbatches if a.microbatches == "adaptive" else int(a.microbatches)
-        run_headline(a.devices, a.num_requests, a.model, a.hardware, a.trace, a.slo_scale, a.out, microbatches=mb)
+        run_headline(a.devices, a.num_requests, a.model, a.hardware, a.trace, a.slo_scale, a.out,
+                     max_prompt=a.max_prompt, microbatches=mb)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'}, headline.png, attainment.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

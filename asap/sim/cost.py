@@ -128,7 +128,7 @@ class CostModel:
         return _seconds_per_copy(self.hw.link, self.model.hidden_size, self.model.top_k, num_ranks, local,
                                  total_devices, elem_bytes)
 
-    def dispatch_seconds(self, copies: float, per_copy: float) -> float:
+    def comm_seconds(self, copies: float, per_copy: float) -> float:
         return self.hw.link.latency_s + copies * per_copy
 
     # ---- summaries --------------------------------------------------------
@@ -163,8 +163,8 @@ class CostModel:
             if moe:
                 ops.update(self.expert_ops(self.moe_index[layer], expert_tokens, shares))
                 copies = max(T, expert_tokens * shares.max_share[self.moe_index[layer]]) * self.model.top_k
-                ops["dispatch"] = self.dispatch_seconds(copies, disp)
-                ops["combine"] = self.dispatch_seconds(copies, comb)
+                ops["dispatch"] = self.comm_seconds(copies, disp)
+                ops["combine"] = self.comm_seconds(copies, comb)
             for k, v in ops.items():
                 out[k] = out.get(k, 0.0) + v
         return out

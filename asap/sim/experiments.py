@@ -104,15 +104,18 @@ def slo_throughput(requests: list[Request], engine: str, devices: int, target: f
 def run_headline(device_counts=(32, 64, 128, 384), num_requests: int | None = None, model="deepseek-v3",
                  hardware="cloudmatrix384", trace: str | Path = TRACE, slo_scale: float = SLO_SCALE,
                  out_dir: str | Path | None = "out/sim_headline", tol: float = 0.05, verbose: bool = True,
-                 **sim_kw) -> dict:
+                 max_prompt: int | None = None, **sim_kw) -> dict:
     """Async vs sync SLO-compliant throughput at equal device counts; JSON + plots in out_dir.
 
     num_requests: the trace's first N requests (default: 40 per device, at most the whole trace).
+    max_prompt: clip prompt lengths (the trace's tail reaches 126K tokens), for a sensitivity check.
     sim_kw go to asap.sim.run.run for both engines (engine-specific ones, e.g. microbatches, are
     ignored by the sync engine).
     """
     t_start = time.perf_counter()
     base = trace_requests(trace)
+    if max_prompt is not None:
+        base = [dataclasses.replace(r, num_tokens=min(r.num_tokens, max_prompt)) for r in base]
     rows = []
     for devices in device_counts:
         n = min(len(base), num_requests or 40 * devices)
@@ -132,6 +135,7 @@ def run_headline(device_counts=(32, 64, 128, 384), num_requests: int | None = No
                   f"A={row['async']['attention_workers']} E={row['async']['expert_workers']}); "
                   f"async/sync = {row['ratio']:.2f}x", flush=True)
     out = {"label": LABEL, "model": str(model), "hardware": str(hardware), "trace": str(trace),
+           "max_prompt": max_prompt, "sim_kw": {k: str(v) for k, v in sim_kw.items()},
            "slo": f"deadline = arrival + {slo_scale} x t_ref(max(L, token_budget)); t_ref = idle sync TTFT",
            "target_attainment": TARGET, "rows": rows, "wall_s": time.perf_counter() - t_start}
     if out_dir is not None:

@@ -124,20 +124,14 @@ def balanced_split(cost: CostModel, devices: int, token_budget: int = 16384, mic
     return best
 
 
-def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
-        devices: int = 32, attention_workers: int | None = None, *, token_budget: int = 16384,
-        router="queue-aware", order: str = "fcfs", max_queue: int = 1024, selector="oldest",
-        max_batch_tokens: int = 65536, window_s: float = 0.0, microbatches: "int | str" = 2,
-        two_batch_overlap: bool = True, expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
-        redundant_experts: int | None = None, seed: int = 0,
-        trace_window: tuple[float, float] | None = None, until: float = float("inf")) -> SimRun:
-    """Simulate `requests` (not modified) on `devices` devices. Policies by name or object.
-
-    async: `attention_workers` replicas (default: `balanced_split`) + the rest as expert workers.
-    sync:  `devices` ranks, each attention + 1/devices of the experts.
-    Expert loads: `expert_loads` ([moe_layer][expert], e.g. RoutingStats.loads()) or a Zipf `zipf` skew;
-    experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
-    """
+def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384", devices: int = 32,
+                 attention_workers: int | None = None, *, token_budget: int = 16384, router="queue-aware",
+                 order: str = "fcfs", max_queue: int = 1024, selector="oldest", max_batch_tokens: int = 65536,
+                 window_s: float = 0.0, microbatches: "int | str" = 2, two_batch_overlap: bool = True,
+                 expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
+                 redundant_experts: int | None = None, seed: int = 0, prompt_len: float = 4096,
+                 trace_window: tuple[float, float] | None = None) -> "AsyncEngine | SyncEngine":
+    """An engine ready for Arrival events; arguments as for `run` (prompt_len feeds `balanced_split`)."""
     if engine not in ("async", "sync"):
         raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
     model, hw = get_model(model_cfg), get_hardware(hardware)
@@ -145,9 +139,8 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     if engine == "sync":
         num_attn = num_exp = devices
     else:
-        lengths = [r.num_tokens for r in requests] or [4096]
-        num_attn = attention_workers or balanced_split(cost, devices, token_budget, microbatches,
-                                                       sum(n * n for n in lengths) / sum(lengths), max_batch_tokens)
+        num_attn = attention_workers or balanced_split(cost, devices, token_budget, microbatches, prompt_len,
+                                                       max_batch_tokens)
         num_exp = devices - num_attn
         if num_exp < 1:
             raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn}")
@@ -160,17 +153,34 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
     if engine == "sync":
-        eng = SyncEngine(cost, devices, router, token_budget, shares, order=order, max_queue=max_queue,
-                         two_batch_overlap=two_batch_overlap, trace_window=trace_window)
-    else:
-        if isinstance(selector, str):
-            selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
-        eng = AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=microbatches,
-                          order=order, max_queue=max_queue, trace_window=trace_window)
-    sim = Simulator(eng)
+        return SyncEngine(cost, devices, router, token_budget, shares, order=order, max_queue=max_queue,
+                          two_batch_overlap=two_batch_overlap, trace_window=trace_window)
+    if isinstance(selector, str):
+        selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
+    return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=microbatches,
+                       order=order, max_queue=max_queue, trace_window=trace_window)
+
+
+def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
+        devices: int = 32, attention_workers: int | None = None, *, until: float = float("inf"), **kw) -> SimRun:
+    """Simulate `requests` (not modified) on `devices` devices. Policies by name or object.
+
+    async: `attention_workers` replicas (default: `balanced_split` for these requests' token-weighted
+           mean prompt length) + the rest as expert workers.
+    sync:  `devices` ranks, each attention + 1/devices of the experts.
+    Keywords (build_engine): token_budget (per replica step), router / selector (name or object),
+    order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
+    "adaptive", async), two_batch_overlap (sync), expert_loads ([moe_layer][expert], e.g.
+    RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1).
+    Experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
+    """
     own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]
     if len({r.id for r in own}) != len(own):
         raise ValueError("request ids must be unique")
+    if engine == "async" and attention_workers is None and "prompt_len" not in kw and own:
+        kw["prompt_len"] = sum(r.num_tokens ** 2 for r in own) / sum(r.num_tokens for r in own)
+    eng = build_engine(engine, model_cfg, hardware, devices, attention_workers, **kw)
+    sim = Simulator(eng)
     for r in sorted(own, key=lambda r: r.arrival):
         sim.schedule(Arrival(r.arrival, r))
     end = sim.run(until)
@@ -178,8 +188,10 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     if missing and until == float("inf"):
         raise RuntimeError(f"simulation ended with {len(missing)} requests unfinished (first: {missing[:5]})")
     results = [eng.results[r.id] for r in own if r.id in eng.results]
-    return SimRun(results, engine, devices, num_attn, num_exp, sim.num_events, sim.wall_s, end,
-                  stats=eng.stats(), spans=eng.spans)
+    num_attn = len(eng.schedulers)
+    num_exp = eng.shares.num_workers
+    return SimRun(results, engine, devices, num_attn, num_exp if engine == "async" else devices, sim.num_events,
+                  sim.wall_s, end, stats=eng.stats(), spans=eng.spans)
 
 
 def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",

@@ -139,5 +139,5 @@ class SyncEngine(EngineBase):
                 self.span("rank", r, name, now + start[r], now + end[r], kind=kind)
 
     def stats(self) -> dict:
-        return {"num_steps": self.num_steps, "busy_s": self.busy_s,
+        return {"num_steps": self.num_steps, "busy_s": self.busy_s, "tokens": self.rank_tokens,
                 "barrier_wait_rank_s": self.barrier_wait_s}

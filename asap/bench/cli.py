@@ -1,0 +1,263 @@
+"""`asap bench` (targets side by side on one workload) and `asap demo` (asap/bench/demo.py).
+
+    asap bench --target sync --target async --num-requests 50 --rate 0.5 --slo-ttft-s 10 \
+        --json out/bench.json --plot out/plots
+    asap bench --target sim-async --target sim-sync --find-max-rate --slo-per-token-ms 20
+
+Every target runs the same requests. Sync gets as many devices as async
+(--devices defaults to A + E). Per target: one run, a sweep (--rates) or a
+search for the highest rate meeting the SLO target (--find-max-rate).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+from asap.bench.metrics import RequestResult, summarize
+from asap.bench.rate_search import find_max_rate
+from asap.bench.report import format_table, run_record, write_chrome_trace, write_json
+from asap.bench.targets import TARGETS, close_target, default_trace, make_target, model_config, needs_prompts
+from asap.config import RuntimeConfig
+from asap.workload import Constant, Fixed, Gamma, LogNormal, Poisson, Uniform, Workload
+
+
+def register(sub):
+    from asap.cli import add_config_flags
+    p = sub.add_parser("bench", help="benchmark engines, the simulator or a server side by side on one workload",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", action="append", choices=TARGETS,
+                   help="repeatable; default: --target sync --target async")
+    p.add_argument("--url", help="http target: server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default="small-deepseek-v3", help="preset name or HF model directory")
+    add_workload_flags(p)
+    s = p.add_argument_group("rate search / sweep")
+    s.add_argument("--find-max-rate", action="store_true",
+                   help="search the highest rate meeting the SLO target (needs an SLO; starts at --rate or 1)")
+    s.add_argument("--target-attainment", type=float, default=0.9, help="fraction of requests meeting the SLO")
+    s.add_argument("--tolerance", type=float, default=0.1, help="relative width of the final rate bracket")
+    s.add_argument("--max-iters", type=int, default=10, help="most runs per target in a search")
+    s.add_argument("--rates", help="comma-separated rates (req/s): one run per rate and target")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", help="write the run records here")
+    o.add_argument("--plot", help="write TTFT CDF, attainment vs rate and worker timelines into this directory")
+    o.add_argument("--timeout", type=float, default=None, help="a request still unanswered after this (s) fails")
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    e = p.add_argument_group("engine (RuntimeConfig)")
+    add_config_flags(e, RuntimeConfig)
+    p.set_defaults(func=run, devices=None)
+
+    from asap.bench.demo import register as register_demo
+    register_demo(sub)
+
+
+def add_workload_flags(p) -> None:
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", default=None,
+                   help="Mooncake .jsonl or Azure .csv, or 'none' (default: $ASAP_TRACES or ../shared/traces, "
+                        "mooncake_conversation.jsonl)")
+    w.add_argument("--arrivals", default="trace", choices=["trace", "poisson", "gamma", "constant"])
+    w.add_argument("--cv", type=float, default=2.0, help="gamma arrivals: coefficient of variation of the gaps")
+    w.add_argument("--rate", type=float, help="mean request rate (req/s); rescales the arrivals")
+    w.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (without --rate)")
+    w.add_argument("--lengths", default="trace",
+                   help="trace | fixed:N | uniform:LO:HI | lognormal:MEAN:SIGMA")
+    w.add_argument("--length-scale", type=float, default=1.0, help="multiply prompt lengths")
+    w.add_argument("--min-tokens", type=int, default=1)
+    w.add_argument("--max-tokens", type=int, default=None, help="clip prompt lengths (default: the model's limit)")
+    w.add_argument("--num-requests", type=int, default=100)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--slo-ttft-s", type=float, help="TTFT SLO: a fixed budget in seconds")
+    w.add_argument("--slo-per-token-ms", type=float, help="TTFT SLO: milliseconds per prompt token")
+
+
+def parse_lengths(spec: str):
+    """'trace' -> None (lengths from the trace), else a LengthDistribution."""
+    kinds = {"fixed": (Fixed, int), "uniform": (Uniform, int, int), "lognormal": (LogNormal, float, float)}
+    name, *params = spec.split(":")
+    if name == "trace" and not params:
+        return None
+    if name not in kinds or len(params) != len(kinds[name]) - 1:
+        raise ValueError(f"--lengths {spec!r}: expected trace, fixed:N, uniform:LO:HI or lognormal:MEAN:SIGMA")
+    cls, *types = kinds[name]
+    try:
+        return cls(*(t(x) for t, x in zip(types, params)))
+    except ValueError as e:
+        raise ValueError(f"--lengths {spec!r}: {e}") from None
+
+
+def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool = True) -> Workload:
+    trace = None if args.trace == "none" else (args.trace or str(default_trace()))
+    arrivals = {"trace": None, "poisson": Poisson(1.0), "gamma": Gamma(1.0, args.cv),
+                "constant": Constant(1.0)}[args.arrivals]
+    if arrivals is not None and args.rate is None:
+        raise ValueError(f"--arrivals {args.arrivals} needs --rate")
+    if trace is None and (arrivals is None or args.lengths == "trace"):
+        raise ValueError("--trace none needs --arrivals and --lengths that are not 'trace'")
+    max_tokens = min(args.max_tokens or max_position, max_position)
+    return Workload(trace=trace, arrivals=arrivals, lengths=parse_lengths(args.lengths),
+                    num_requests=args.num_requests, rate=args.rate, time_scale=args.time_scale,
+                    length_scale=args.length_scale, min_tokens=min(args.min_tokens, max_tokens),
+                    max_tokens=max_tokens, slo_ttft_s=args.slo_ttft_s,
+                    slo_per_token_s=None if args.slo_per_token_ms is None else args.slo_per_token_ms / 1000,
+                    seed=args.seed, with_prompts=with_prompts, vocab_size=vocab_size)
+
+
+def describe_slo(w: Workload) -> str:
+    if w.slo_ttft_s is not None:
+        return f"TTFT <= {w.slo_ttft_s:g} s"
+    if w.slo_per_token_s is not None:
+        return f"TTFT <= {w.slo_per_token_s * 1000:g} ms x prompt tokens"
+    return "none"
+
+
+@dataclass
+class Run:
+    """One target on one workload at one rate."""
+    label: str
+    rate: float | None
+    results: list[RequestResult]
+    summary: dict
+    workers: dict
+    spans: list
+    wall_s: float
+
+
+def measure(target, workload: Workload) -> Run:
+    requests = workload.build()
+    t0 = time.monotonic()
+    results = target.run(requests)
+    wall = time.monotonic() - t0
+    if sorted(r.request_id for r in results) != [r.id for r in requests]:
+        raise RuntimeError(f"{target.label}: {len(results)} results for {len(requests)} requests")
+    workers = target.workers() if hasattr(target, "workers") else {}
+    spans = target.spans() if hasattr(target, "spans") else []
+    return Run(target.label, workload.rate, results, summarize(results), workers, spans, wall)
+
+
+def record_of(run: Run, workload: Workload, search: dict | None = None, **extra) -> dict:
+    rec = run_record(run.label, run.summary, search)
+    rec.update(rate=run.rate, slo=describe_slo(workload), workers=run.workers, wall_s=run.wall_s,
+               num_tokens=sum(r.num_tokens for r in run.results), **extra)
+    return rec
+
+
+def bench_target(name: str, target, workload: Workload, args) -> tuple[list[dict], list[Run], dict]:
+    """Records and runs of one target: a single run, a sweep, or a rate search; plus its rate curve."""
+    extra = {"target": name}
+    if hasattr(target, "startup_s"):
+        extra["startup_s"] = target.startup_s
+    if args.find_max_rate:
+        runs: dict[float, Run] = {}
+
+        def measure_at(rate: float) -> dict:
+            runs[rate] = measure(target, dataclasses.replace(workload, rate=rate))
+            return runs[rate].summary
+
+        search = find_max_rate(measure_at, args.target_attainment, lo=args.rate or 1.0, tol=args.tolerance,
+                               max_iters=args.max_iters)
+        best = runs.get(search["max_slo_rate"]) or runs[min(runs)]
+        return [record_of(best, workload, search, **extra)], [best], {target.label: search["points"]}
+    rates = [float(x) for x in args.rates.split(",")] if args.rates else [workload.rate]
+    runs_list = [measure(target, dataclasses.replace(workload, rate=r)) for r in rates]
+    if args.rates:
+        for run in runs_list:
+            run.label = f"{target.label} @ {run.rate:g}/s"
+    records = [record_of(run, workload, **extra) for run in runs_list]
+    curve = [(run.rate, run.summary) for run in runs_list if run.rate is not None]
+    return records, runs_list, ({target.label: curve} if curve else {})
+
+
+def format_workers(records: list[dict]) -> str:
+    """Per worker, per run: compute/stall/idle as percentages of the run's wall time."""
+    workers = sorted({w for r in records for w in r.get("workers", {})})
+    if not workers:
+        return ""
+    rows = [["worker compute/stall/idle %"] + [r["label"] for r in records]]
+    for w in workers:
+        cells = []
+        for r in records:
+            f = r.get("workers", {}).get(w)
+            cells.append("-" if f is None else "/".join(f"{100 * f[k]:.0f}" for k in ("compute", "stall", "idle")))
+        rows.append([w] + cells)
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(wd) if i == 0 else c.rjust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def notes(records: list[dict]) -> list[str]:
+    out = []
+    if any("SIMULATED" in r["label"] for r in records):
+        out.append("SIMULATED: figures from the discrete-event simulator's cost model, not measured.")
+    if any("emulated" in r["label"] for r in records):
+        out.append("emulated: real workers and communication, compute replaced by timed waits from a cost table.")
+    return out
+
+
+def summary_text(records: list[dict]) -> str:
+    parts = [format_table(records), format_workers(records)] + notes(records)
+    return "\n\n".join(p for p in parts if p)
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_").lower()
+
+
+def write_plots(out_dir, runs: list[Run], curves: dict, slo_s: float | None, target_attainment: float = 0.9) -> list:
+    """TTFT CDF, attainment vs rate (when there are rates) and one timeline + Chrome trace per run with spans."""
+    from pathlib import Path
+
+    from asap.bench.plots import plot_attainment_vs_rate, plot_timeline, plot_ttft_cdf
+    out = Path(out_dir)
+    paths = [out / "ttft_cdf.png"]
+    plot_ttft_cdf({r.label: r.results for r in runs}, paths[0], slo_s)
+    if any(curves.values()) and all(s.get("slo_attainment") is not None for c in curves.values() for _, s in c):
+        paths.append(out / "attainment_vs_rate.png")
+        plot_attainment_vs_rate(curves, paths[-1], target_attainment)
+    for run in runs:
+        if run.spans:
+            paths += [out / f"timeline_{slug(run.label)}.png", out / f"trace_{slug(run.label)}.json"]
+            plot_timeline(run.spans, paths[-2])
+            write_chrome_trace(run.spans, paths[-1])
+    return paths
+
+
+def run(args) -> int:
+    names = args.target or ["sync", "async"]
+    if args.find_max_rate and args.rates:
+        raise ValueError("use either --find-max-rate or --rates")
+    if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None:
+        raise ValueError("--find-max-rate needs an SLO: --slo-ttft-s or --slo-per-token-ms")
+    if args.devices is None:
+        args.devices = args.attention_workers + args.expert_workers
+    from asap.cli import config_from_args
+    runtime = config_from_args(RuntimeConfig, args)
+    cfg = model_config(args.model)
+    workload = build_workload(args, cfg.vocab_size, cfg.max_position_embeddings, needs_prompts(runtime, names))
+    workload.build()            # a bad trace or workload fails before any engine starts
+    records, runs, curves = [], [], {}
+    for name in names:
+        print(f"[bench] {name}: starting", file=sys.stderr, flush=True)
+        target = make_target(name, args.model, runtime, args.url, args.progress, args.timeout)
+        try:
+            recs, rs, curve = bench_target(name, target, workload, args)
+        finally:
+            close_target(target)
+        records += recs
+        runs += rs
+        curves.update(curve)
+    print(f"workload: {len(workload.build())} requests, SLO {describe_slo(workload)}, model {args.model}, "
+          f"async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync {runtime.devices} ranks")
+    print(summary_text(records))
+    if args.json:
+        write_json(args.json, records)
+        print(f"wrote {args.json}")
+    if args.plot:
+        paths = write_plots(args.plot, runs, curves, workload.slo_ttft_s, args.target_attainment)
+        print(f"wrote {len(paths)} files to {args.plot}")
+    return 0

@@ -1,0 +1,91 @@
+"""Prefilled KV caches waiting to be claimed by a decode instance.
+
+Each completion's KV cache is kept under a random handle until it is claimed
+(GET /v1/kv/{handle}: served once, then freed) or expires `ttl_s` after the
+prefill. Memory is bounded by `max_bytes`: when a new cache does not fit, the
+OLDEST unclaimed caches are evicted (requests are never refused for want of KV
+space); a single cache larger than `max_bytes` is not kept at all.
+
+Wire format: one safetensors file. Tensors are named `layers.{i}.{name}` with
+the per-layer names of PrefillOutput.kv: MLA (DeepSeek-V3) `kv_latent`
+[T, kv_lora_rank] and `k_rope` [T, qk_rope_head_dim]; GQA (Qwen3-MoE) `k`, `v`
+[T, num_kv_heads, head_dim]. T is the prompt length. String metadata: see
+`kv_metadata`.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import save
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A tensor holding only its own bytes (a view would keep its whole base alive, unaccounted)."""
+    t = t.detach().contiguous()
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+
+def kv_tensors(kv: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"layers.{i}.{name}": _own(t) for i, layer in enumerate(kv) for name, t in layer.items()}
+
+
+def kv_metadata(cfg, model: str, completion_id: str, prompt_tokens: int, first_token: int) -> dict[str, str]:
+    return {"format": "pt", "model": model, "model_type": cfg.model_type, "layout": "mla" if cfg.is_mla else "gqa",
+            "num_layers": str(cfg.num_layers), "num_tokens": str(prompt_tokens),
+            "first_token": str(first_token), "completion_id": completion_id}
+
+
+@dataclass
+class _Entry:
+    expires: float
+    num_bytes: int
+    tensors: dict[str, torch.Tensor]
+    metadata: dict[str, str]
+
+
+class KVStore:
+    """Not thread-safe: the server only touches it from its event loop."""
+
+    def __init__(self, max_bytes: int, ttl_s: float, clock=time.monotonic):
+        self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()   # oldest first (one TTL for all)
+        self.num_bytes = 0
+        self.num_evicted = {"ttl": 0, "memory": 0}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:
+        """Keep a cache; returns its handle, or None if it alone exceeds max_bytes."""
+        self.sweep()
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if size > self.max_bytes:
+            return None
+        while self.num_bytes + size > self.max_bytes:
+            self._drop(next(iter(self._entries)), "memory")
+        handle = "kv-" + secrets.token_hex(16)
+        self._entries[handle] = _Entry(self.clock() + self.ttl_s, size, tensors, metadata)
+        self.num_bytes += size
+        return handle
+
+    def take(self, handle: str) -> bytes | None:
+        """The cache as safetensors bytes, removed from the store; None if unknown, claimed or expired."""
+        self.sweep()
+        entry = self._entries.pop(handle, None)
+        if entry is None:
+            return None
+        self.num_bytes -= entry.num_bytes
+        return save(entry.tensors, metadata=entry.metadata)
+
+    def sweep(self) -> None:
+        now = self.clock()
+        while self._entries and next(iter(self._entries.values())).expires <= now:
+            self._drop(next(iter(self._entries)), "ttl")
+
+    def _drop(self, handle: str, reason: str) -> None:
+        self.num_bytes -= self._entries.pop(handle).num_bytes
+        self.num_evicted[reason] += 1

@@ -1,0 +1,82 @@
+"""Watches the engine: reports health, restarts the workers when one dies, trims worker spans.
+
+States: "ok"; "unhealthy" (a worker died or the engine failed, and it is not
+being restarted: auto_restart off, the engine cannot restart, or a restart just
+failed and is waiting to retry); "restarting" (engine.restart() is running:
+every worker is stopped and started again, reloading its weights). Requests
+in flight when a worker dies are failed by the engine itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger("asap.server")
+
+
+class Supervisor:
+    def __init__(self, llm, auto_restart: bool = True, poll_s: float = 0.1, span_window_s: float = 10.0):
+        self.llm, self.poll_s, self.span_window_s = llm, poll_s, span_window_s
+        self.can_restart = auto_restart and hasattr(llm.engine, "restart")
+        self.status, self.reason, self.num_restarts = "ok", "", 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="asap-restart")
+        self._task: asyncio.Task | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "ok" and self.llm.healthy()
+
+    def workers(self) -> dict[str, dict]:
+        cluster = getattr(self.llm.engine, "cluster", None)
+        procs = dict(cluster.procs) if cluster is not None else {}
+        return {name: {"pid": p.pid, "alive": p.is_alive()} for name, p in procs.items()}
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop watching; waits for a restart in progress so the engine can be closed safely."""
+        if self._task is not None:
+            self._task.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+    async def _run(self) -> None:
+        backoff = 1.0
+        while True:
+            self._trim_spans()
+            if self.llm.healthy():
+                self.status, self.reason, backoff = "ok", "", 1.0
+            else:
+                self.reason = self.why()
+                self.status = "restarting" if self.can_restart else "unhealthy"
+                if self.can_restart:
+                    log.warning("engine unhealthy (%s): restarting its workers", self.reason)
+                    try:
+                        await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.engine.restart)
+                        self.num_restarts += 1
+                        log.warning("workers restarted (%d restart(s) so far)", self.num_restarts)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - retried; the reason shows on /health
+                        self.status, self.reason = "unhealthy", f"restart failed: {e}"
+                        log.error("%s; retrying in %.0fs", self.reason, backoff)
+                        await asyncio.sleep(backoff)
+                        backoff = min(2 * backoff, 30.0)
+            await asyncio.sleep(self.poll_s)
+
+    def why(self) -> str:
+        errors = list(getattr(self.llm.engine, "errors", []))
+        return "; ".join(errors[-3:]) or "engine stopped"
+
+    def _trim_spans(self) -> None:
+        """Keep only the spans the busy/stall gauges can still need (the engine keeps them all).
+
+        In place, from the front: the engine's collector thread appends at the back concurrently."""
+        cutoff = time.monotonic() - 2 * self.span_window_s
+        for spans in list(getattr(self.llm.engine, "spans", {}).values()):
+            old = 0
+            while old < len(spans) and spans[old][2] < cutoff:
+                old += 1
+            if old:
+                del spans[:old]

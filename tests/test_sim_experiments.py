@@ -1,0 +1,64 @@
+"""Calibration against DeepSeek's published prefill, the SLO-throughput search and its outputs."""
+import json
+
+import numpy as np
+import pytest
+
+from asap.scheduler.request import Request
+from asap.sim.calibrate import ERROR_BAND, calibrate
+from asap.sim.experiments import at_rate, run_headline, with_slo
+from asap.sim.run import run
+from asap.sim.trace_export import chrome_trace
+
+SMALL = dict(model="small-deepseek-v3", hardware="h800")
+
+
+def test_calibration_error_is_printed_and_within_the_stated_band(capsys):
+    out = calibrate()
+    printed = capsys.readouterr().out
+    assert "SIMULATED" in printed and "error" in printed and "7800" in printed
+    assert out["within_band"] and abs(out["error"]) <= ERROR_BAND
+    assert out["simulated_tokens_per_device_s"] > 0
+
+
+def test_at_rate_rescales_arrivals_and_keeps_slo_budgets():
+    reqs = [Request(i, 1000, float(i), deadline=float(i) + 3.0) for i in range(11)]
+    fast = at_rate(reqs, 5.0)
+    assert fast[-1].arrival == pytest.approx(2.0)
+    assert all(r.deadline - r.arrival == pytest.approx(3.0) for r in fast)
+
+
+def test_slo_budget_grows_with_prompt_length_and_has_a_floor():
+    reqs = [Request(0, 100), Request(1, 16384), Request(2, 60000)]
+    out = with_slo(reqs, token_budget=16384, model="small-deepseek-v3", hardware="h800", devices=4)
+    budgets = [r.deadline - r.arrival for r in out]
+    assert budgets[0] == pytest.approx(budgets[1])          # floor: one full chunk
+    assert budgets[2] > 3 * budgets[1]                      # long prompts pay their L^2 attention
+
+
+def test_headline_writes_json_and_plots_labelled_simulated(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    trace = tmp_path / "trace.jsonl"
+    times = np.cumsum(rng.exponential(100.0, 60)).astype(int)
+    trace.write_text("".join(json.dumps({"timestamp": int(t), "input_length": int(n), "output_length": 1})
+                             + "\n" for t, n in zip(times, rng.integers(500, 20000, 60))))
+    out = run_headline(device_counts=(4, 8), num_requests=60, trace=trace, out_dir=tmp_path, tol=0.2, **SMALL)
+    printed = capsys.readouterr().out
+    assert printed.count("[SIMULATED]") == 2
+    data = json.loads((tmp_path / "headline.json").read_text())
+    assert data["label"] == "SIMULATED" and [r["devices"] for r in data["rows"]] == [4, 8]
+    for row in out["rows"]:
+        assert row["sync"]["max_slo_rate"] > 0 and row["async"]["max_slo_rate"] > 0
+        assert row["ratio"] == pytest.approx(row["async"]["max_slo_rate"] / row["sync"]["max_slo_rate"])
+    assert (tmp_path / "headline.png").stat().st_size > 0 and (tmp_path / "attainment.png").stat().st_size > 0
+
+
+def test_trace_window_holds_only_spans_inside_it():
+    reqs = [Request(i, 6000, 0.01 * i) for i in range(8)]
+    for engine in ("async", "sync"):
+        res = run(reqs, engine, "small-deepseek-v3", "h800", devices=4, trace_window=(0.02, 0.05))
+        assert res.spans and all(s[3] < 0.05 and s[4] > 0.02 for s in res.spans)
+        trace = chrome_trace(res.spans)
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        assert len(spans) == len(res.spans) and all(e["dur"] >= 0 for e in spans)
+        assert any(e["ph"] == "M" and "SIMULATED" in e["args"]["name"] for e in trace["traceEvents"])
