@@ -51,6 +51,9 @@ def test_headline_writes_json_and_plots_labelled_simulated(tmp_path, capsys):
         assert row["sync"]["max_slo_rate"] > 0 and row["async"]["max_slo_rate"] > 0
         assert row["ratio"] == pytest.approx(row["async"]["max_slo_rate"] / row["sync"]["max_slo_rate"])
     assert (tmp_path / "headline.png").stat().st_size > 0 and (tmp_path / "attainment.png").stat().st_size > 0
+    for engine in ("sync", "async"):
+        trace = json.loads((tmp_path / f"trace_{engine}_4.json").read_text())
+        assert any(e["ph"] == "X" for e in trace["traceEvents"])
 
 
 def test_trace_window_holds_only_spans_inside_it():

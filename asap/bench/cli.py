@@ -1,8 +1,9 @@
-"""`asap bench` (targets side by side on one workload) and `asap demo` (asap/bench/demo.py).
+r"""`asap bench` (targets side by side on one workload) and `asap demo` (asap/bench/demo.py).
 
-    asap bench --target sync --target async --num-requests 50 --rate 0.5 --slo-ttft-s 10 \
-        --json out/bench.json --plot out/plots
-    asap bench --target sim-async --target sim-sync --find-max-rate --slo-per-token-ms 20
+    asap bench --target sync --target async --length-scale 0.02 --num-requests 50 --rate 1 \
+        --slo-ttft-s 10 --json out/bench.json --plot out/plots
+    asap bench --target sim-async --target sim-sync --find-max-rate --slo-ttft-s 10 \
+        --arrivals poisson --rate 0.5 --length-scale 0.02 --max-tokens 1024 --plot out/sim
 
 Every target runs the same requests. Sync gets as many devices as async
 (--devices defaults to A + E). Per target: one run, a sweep (--rates) or a
@@ -74,6 +75,13 @@ def add_workload_flags(p) -> None:
     w.add_argument("--slo-per-token-ms", type=float, help="TTFT SLO: milliseconds per prompt token")
 
 
+def runtime_from_args(args) -> RuntimeConfig:
+    """The engines' config; sync gets as many devices as async (A + E) unless --devices says otherwise."""
+    from asap.cli import config_from_args
+    devices = args.devices if args.devices is not None else args.attention_workers + args.expert_workers
+    return config_from_args(RuntimeConfig, argparse.Namespace(**{**vars(args), "devices": devices}))
+
+
 def parse_lengths(spec: str):
     """'trace' -> None (lengths from the trace), else a LengthDistribution."""
     kinds = {"fixed": (Fixed, int), "uniform": (Uniform, int, int), "lognormal": (LogNormal, float, float)}
@@ -108,9 +116,9 @@ def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool 
 
 def describe_slo(w: Workload) -> str:
     if w.slo_ttft_s is not None:
-        return f"TTFT <= {w.slo_ttft_s:g} s"
+        return f"TTFT <= {w.slo_ttft_s:.3g} s"
     if w.slo_per_token_s is not None:
-        return f"TTFT <= {w.slo_per_token_s * 1000:g} ms x prompt tokens"
+        return f"TTFT <= {w.slo_per_token_s * 1000:.3g} ms x prompt tokens"
     return "none"
 
 
@@ -233,10 +241,7 @@ def run(args) -> int:
         raise ValueError("use either --find-max-rate or --rates")
     if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None:
         raise ValueError("--find-max-rate needs an SLO: --slo-ttft-s or --slo-per-token-ms")
-    if args.devices is None:
-        args.devices = args.attention_workers + args.expert_workers
-    from asap.cli import config_from_args
-    runtime = config_from_args(RuntimeConfig, args)
+    runtime = runtime_from_args(args)
     cfg = model_config(args.model)
     workload = build_workload(args, cfg.vocab_size, cfg.max_position_embeddings, needs_prompts(runtime, names))
     workload.build()            # a bad trace or workload fails before any engine starts
@@ -251,7 +256,7 @@ def run(args) -> int:
         records += recs
         runs += rs
         curves.update(curve)
-    print(f"workload: {len(workload.build())} requests, SLO {describe_slo(workload)}, model {args.model}, "
+    print(f"workload: {records[0]['num_requests']} requests, SLO {describe_slo(workload)}, model {args.model}, "
           f"async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync {runtime.devices} ranks")
     print(summary_text(records))
     if args.json:

@@ -68,6 +68,12 @@ class EngineTarget:
             return self.llm.engine.submit(next(self._ids), None, req.deadline, num_tokens=req.num_tokens)
         return self.llm.engine.submit(next(self._ids), req.prompt, req.deadline)
 
+    def prefill_seconds(self, num_tokens: int) -> float:
+        """Wall time of one lone prompt of `num_tokens` tokens on the idle engine."""
+        t0 = time.monotonic()
+        self._submit_one(Request(0, num_tokens, prompt=[1] * num_tokens)).result()
+        return time.monotonic() - t0
+
     def run(self, requests: list[Request]) -> list[RequestResult]:
         if not self.emulated and any(r.prompt is None for r in requests):
             raise ValueError("real compute needs prompts; build the workload with with_prompts=True")

@@ -33,14 +33,25 @@ class LLM:
                  device: str = "cpu", **engine_kwargs):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        self.model_dir = resolve_model(model)
+        emulated = engine_kwargs.get("compute") == "emulated" or \
+            getattr(engine_kwargs.get("runtime"), "compute", None) == "emulated"
+        self.model_dir = resolve_model(model, config_only=emulated)
+        self.emulated = emulated
         self.engine_name = engine
         self._ids = itertools.count()
         self.engine = _make_engine(engine, self.model_dir, _DTYPES[dtype], torch.device(device), **engine_kwargs)
         self.cfg = self.engine.cfg
 
-    def submit(self, prompt, deadline: float | None = None) -> Future:
-        """Queue one prompt; the future resolves to a PrefillOutput or raises its error."""
+    def submit(self, prompt=None, deadline: float | None = None, *, num_tokens: int | None = None) -> Future:
+        """Queue one prompt; the future resolves to a PrefillOutput or raises its error.
+        deadline: absolute TTFT deadline on time.monotonic(). With emulated compute a prompt
+        may be given by its length alone (num_tokens)."""
+        if prompt is None:
+            if not self.emulated:
+                raise ValueError("a prompt (token ids) is required unless compute='emulated'")
+            if not isinstance(num_tokens, int) or not 0 < num_tokens <= self.cfg.max_position_embeddings:
+                raise ValueError(f"num_tokens must be in 1..{self.cfg.max_position_embeddings}, got {num_tokens!r}")
+            return self.engine.submit(next(self._ids), None, deadline, num_tokens=num_tokens)
         return self.engine.submit(next(self._ids), check_prompt(self.cfg, prompt), deadline)
 
     def prefill(self, prompts) -> list[PrefillOutput]:

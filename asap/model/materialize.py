@@ -106,8 +106,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ASAP_CACHE", Path.home() / ".cache" / "asap")) / "models"
 
 
-def resolve_model(model: str | Path) -> Path:
-    """A model directory as given, or a preset materialised into the cache on first use."""
+def resolve_model(model: str | Path, config_only: bool = False) -> Path:
+    """A model directory as given, or a preset materialised into the cache on first use.
+    With config_only (emulated compute, simulator) a preset gets only its config.json: no weights."""
     p = Path(model)
     if (p / "config.json").is_file():
         return p
@@ -117,6 +118,11 @@ def resolve_model(model: str | Path) -> Path:
     except ValueError:
         raise ValueError(f"{name!r} is neither a model directory (with config.json) nor a preset; "
                          f"presets: {', '.join(sorted(PRESETS))}") from None
+    if config_only:
+        target = cache_dir() / f"{name}.config-only"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text(json.dumps(preset_config(name), indent=2))
+        return target
     target = cache_dir() / name
     if not (target / "model.safetensors.index.json").is_file():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")

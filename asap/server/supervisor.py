@@ -2,7 +2,7 @@
 
 States: "ok"; "unhealthy" (a worker died or the engine failed, and it is not
 being restarted: auto_restart off, the engine cannot restart, or a restart just
-failed and is waiting to retry); "restarting" (engine.restart() is running:
+failed and is waiting to retry, or the server is shutting down); "restarting" (engine.restart() is running:
 every worker is stopped and started again, reloading its weights). Requests
 in flight when a worker dies are failed by the engine itself.
 """
@@ -21,6 +21,7 @@ class Supervisor:
         self.llm, self.poll_s, self.span_window_s = llm, poll_s, span_window_s
         self.can_restart = auto_restart and hasattr(llm.engine, "restart")
         self.status, self.reason, self.num_restarts = "ok", "", 0
+        self.draining = False            # set on SIGTERM/SIGINT: a shutting-down server restarts nothing
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asap-restart")
         self._task: asyncio.Task | None = None
 
@@ -50,8 +51,9 @@ class Supervisor:
                 self.status, self.reason, backoff = "ok", "", 1.0
             else:
                 self.reason = self.why()
-                self.status = "restarting" if self.can_restart else "unhealthy"
-                if self.can_restart:
+                restart = self.can_restart and not self.draining
+                self.status = "restarting" if restart else "unhealthy"
+                if restart:
                     log.warning("engine unhealthy (%s): restarting its workers", self.reason)
                     try:
                         await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.engine.restart)

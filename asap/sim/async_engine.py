@@ -66,7 +66,6 @@ class AsyncEngine(EngineBase):
         if microbatches != "adaptive" and not (isinstance(microbatches, int) and microbatches >= 1):
             raise ValueError(f"microbatches must be an int >= 1 or 'adaptive', got {microbatches!r}")
         self.selector, self.shares = selector, shares
-        self.num_experts_workers = shares.num_workers
         self.total_devices = num_attention + shares.num_workers
         self.fixed_k = None if microbatches == "adaptive" else microbatches
         self.replicas = [Replica(i, AdaptiveDepth() if self.fixed_k is None else None) for i in range(num_attention)]

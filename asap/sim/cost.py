@@ -82,7 +82,8 @@ class CostModel:
                                                 num_kv * self.kv_bytes_per_ctx + T * self.q_bytes_per_token),
         }
         if is_moe:
-            ops["gate"] = r["gate"].seconds(2 * T * D * m.num_experts, D * m.num_experts * ACT_BYTES + T * D * ACT_BYTES)
+            ops["gate"] = r["gate"].seconds(2 * T * D * m.num_experts,
+                                            D * m.num_experts * ACT_BYTES + T * D * ACT_BYTES)
             if self.shared_params:
                 width = m.moe_intermediate_size * m.n_shared_experts
                 ops["shared_expert"] = r["shared_expert"].seconds(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import numpy as np
 from asap.bench.metrics import summarize
 from asap.bench.rate_search import find_max_rate
 from asap.scheduler.request import Request
-from asap.sim.run import get_model, run
+from asap.sim.run import run
+from asap.sim.trace_export import write_trace
 from asap.workload.workload import Workload
 
 TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
@@ -104,11 +104,13 @@ def slo_throughput(requests: list[Request], engine: str, devices: int, target: f
 def run_headline(device_counts=(32, 64, 128, 384), num_requests: int | None = None, model="deepseek-v3",
                  hardware="cloudmatrix384", trace: str | Path = TRACE, slo_scale: float = SLO_SCALE,
                  out_dir: str | Path | None = "out/sim_headline", tol: float = 0.05, verbose: bool = True,
-                 max_prompt: int | None = None, **sim_kw) -> dict:
+                 max_prompt: int | None = None, trace_s: float = 2.0, **sim_kw) -> dict:
     """Async vs sync SLO-compliant throughput at equal device counts; JSON + plots in out_dir.
 
     num_requests: the trace's first N requests (default: 40 per device, at most the whole trace).
     max_prompt: clip prompt lengths (the trace's tail reaches 126K tokens), for a sensitivity check.
+    Also writes Chrome/Perfetto traces of both engines, `trace_s` seconds from the middle of the run, at
+    the first device count and the async SLO-compliant rate.
     sim_kw go to asap.sim.run.run for both engines (engine-specific ones, e.g. microbatches, are
     ignored by the sync engine).
     """
@@ -126,21 +128,35 @@ def run_headline(device_counts=(32, 64, 128, 384), num_requests: int | None = No
             kw = dict(sim_kw) if engine == "async" else {k: v for k, v in sim_kw.items() if k in _SYNC_KW}
             row[engine] = slo_throughput(reqs, engine, devices, tol=tol, model_cfg=model, hardware=hardware, **kw)
         s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
-        row["ratio"] = a / s if s > 0 else math.inf
+        row["ratio"] = a / s if s > 0 else None      # None: sync met the SLO at no rate tried
         rows.append(row)
         if verbose:
             print(f"[{LABEL}] {devices:4d} devices, {n} requests: SLO-compliant throughput sync {s:.2f} req/s "
                   f"({row['sync']['input_tokens_per_s_per_device']:.0f} tok/s/device), async {a:.2f} req/s "
                   f"({row['async']['input_tokens_per_s_per_device']:.0f} tok/s/device, "
                   f"A={row['async']['attention_workers']} E={row['async']['expert_workers']}); "
-                  f"async/sync = {row['ratio']:.2f}x", flush=True)
+                  f"async/sync = {_ratio(row['ratio'])}", flush=True)
     out = {"label": LABEL, "model": str(model), "hardware": str(hardware), "trace": str(trace),
            "max_prompt": max_prompt, "sim_kw": {k: str(v) for k, v in sim_kw.items()},
            "slo": f"deadline = arrival + {slo_scale} x t_ref(max(L, token_budget)); t_ref = idle sync TTFT",
            "target_attainment": TARGET, "rows": rows, "wall_s": time.perf_counter() - t_start}
     if out_dir is not None:
         write_headline(out, out_dir)
+        first = rows[0]
+        if first["async"]["max_slo_rate"] > 0:
+            reqs = at_rate(with_slo(base[:first["num_requests"]], slo_scale, sim_kw.get("token_budget", 16384),
+                                    model=model, hardware=hardware, devices=first["devices"]),
+                           first["async"]["max_slo_rate"])
+            mid = reqs[len(reqs) // 2].arrival
+            for engine in ("sync", "async"):
+                kw = dict(sim_kw) if engine == "async" else {k: v for k, v in sim_kw.items() if k in _SYNC_KW}
+                res = run(reqs, engine, model, hardware, first["devices"], trace_window=(mid, mid + trace_s), **kw)
+                write_trace(res.spans, Path(out_dir) / f"trace_{engine}_{first['devices']}.json")
     return out
+
+
+def _ratio(r: float | None) -> str:
+    return "n/a (sync met the SLO at no rate)" if r is None else f"{r:.2f}x"
 
 
 _SYNC_KW = {"token_budget", "router", "order", "max_queue", "two_batch_overlap", "expert_loads", "zipf",
@@ -164,7 +180,7 @@ def write_headline(out: dict, out_dir: str | Path) -> None:
             title=f"{LABEL}: {out['model']} on {out['hardware']}")
     ax1.set_xticks(devs, [str(x) for x in devs])
     ax1.legend()
-    ax2.plot(devs, [r["ratio"] for r in rows], "o-", color="C2")
+    ax2.plot(devs, [r["ratio"] if r["ratio"] is not None else np.nan for r in rows], "o-", color="C2")
     ax2.axhline(1.0, color="gray", lw=0.8)
     ax2.set(xscale="log", xlabel="devices", ylabel="async / sync", title=f"{LABEL}: SLO-compliant throughput ratio")
     ax2.set_xticks(devs, [str(x) for x in devs])

@@ -1,0 +1,66 @@
+"""Promises of the request path against a scripted engine (in-process ASGI, no workers): an admitted
+request holds its slot until the engine is done with it, even after a 504; engine failures are 5xx;
+every request is counted once by outcome."""
+import asyncio
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import httpx
+import torch
+
+from asap.config import ModelConfig
+from asap.engine.output import PrefillOutput
+from asap.engine.runtime import EngineUnhealthy
+from asap.server.app import create_app
+from asap.server.config import ServerConfig
+
+
+class ScriptedLLM:
+    """Futures resolve only when the test says so."""
+    engine_name = "scripted"
+
+    def __init__(self, cfg):
+        self.cfg, self.engine, self.futures = cfg, SimpleNamespace(), []
+
+    def healthy(self):
+        return True
+
+    def submit(self, ids):
+        self.futures.append(Future())
+        return self.futures[-1]
+
+
+def output(cfg):
+    return PrefillOutput(3, torch.zeros(cfg.vocab_size), [{"kv_latent": torch.zeros(2, 4)}], 2)
+
+
+async def scenario(llm, **cfg):
+    app = create_app(llm, ServerConfig(**cfg), "m")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        post = lambda: client.post("/v1/completions", json={"prompt": [1, 2]})  # noqa: E731
+        first = await post()                                  # times out: the engine never answered
+        second = await post()                                 # its slot is still held
+        llm.futures[0].set_result(output(llm.cfg))            # the engine finishes it after all
+        third = asyncio.create_task(post())
+        while len(llm.futures) < 2:
+            await asyncio.sleep(0.01)
+        llm.futures[1].set_exception(EngineUnhealthy("worker(s) died"))
+        fourth = asyncio.create_task(post())
+        while len(llm.futures) < 3:
+            await asyncio.sleep(0.01)
+        llm.futures[2].set_exception(RuntimeError("boom"))
+        responses = [first, second, await third, await fourth]
+        return responses, (await client.get("/metrics")).text
+
+
+def test_slots_outlive_timeouts_and_engine_failures_are_5xx(tiny_dirs):
+    cfg = ModelConfig.from_dir(tiny_dirs["tiny-deepseek-v3"])
+    responses, metrics = asyncio.run(scenario(ScriptedLLM(cfg), max_pending=1, request_timeout_s=0.2))
+    assert [r.status_code for r in responses] == [504, 503, 503, 500]
+    assert responses[1].json()["error"]["type"] == "overloaded_error" and responses[1].headers["retry-after"]
+    assert "worker(s) died" in responses[2].json()["error"]["message"] and responses[2].headers["retry-after"]
+    assert "RuntimeError: boom" in responses[3].json()["error"]["message"]
+    counts = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
+              if line.startswith("asap_requests_total{")}
+    assert counts == {"ok": 0, "invalid": 0, "rejected": 1, "unavailable": 0, "failed": 2, "timeout": 1}
+    assert "asap_queue_depth 0.0" in metrics
