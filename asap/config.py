@@ -174,6 +174,7 @@ class RuntimeConfig:
     order: str = _f("fcfs", "per-replica order: fcfs, sjf or edf")
     selector: str = _f("oldest", "expert work selection: oldest, largest or deadline")
     aggregation_window_ms: float = _f(0.0, "expert side: wait up to this long to merge same-layer work")
+    redundant_experts: int = _f(0, "extra expert copies per layer, placed EPLB-style (needs (E + this) % workers == 0)")
     max_queue: int = _f(1024, "bounded queue of waiting requests per replica")
     compute: str = _f("real", "real, or emulated (compute replaced by timed waits from a cost table)")
     emulated_hidden: int = _f(16, "emulated: hidden size of the tensors that still travel")

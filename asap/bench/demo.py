@@ -36,7 +36,7 @@ class DemoSettings:
 
 # The rate and the SLO are calibrated on this machine (one lone prompt on the sync engine), so the CPU
 # is loaded but not swamped however fast or busy it is, and the runs stay near `duration_s` each.
-DEMO = DemoSettings("small-deepseek-v3", length_scale=1 / 64, max_tokens=512, duration_s=40.0, load=0.8,
+DEMO = DemoSettings("small-deepseek-v3", length_scale=1 / 64, max_tokens=512, duration_s=40.0, load=1.6,
                     slo_scale=5.0, max_requests=64, token_budget=1024)
 QUICK = DemoSettings("tiny-deepseek-v3", length_scale=1 / 64, max_tokens=256, duration_s=2.0, load=0.8,
                      slo_scale=5.0, max_requests=16, token_budget=512)

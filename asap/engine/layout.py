@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from asap.config import ModelConfig, RuntimeConfig
-from asap.scheduler.placement import contiguous_placement
+from asap.scheduler.placement import Placement, balanced_placement, contiguous_placement
 from asap.workers.main import WorkerSpec
 
 
@@ -36,8 +36,15 @@ def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int):
                              device="cuda" if rt.transport == "nccl" else "cpu")
 
 
+def default_placement(cfg: ModelConfig, rt: RuntimeConfig, num_expert_workers: int) -> Placement:
+    if rt.redundant_experts:
+        uniform = [[1.0] * cfg.num_experts for _ in range(cfg.num_layers)]
+        return balanced_placement(uniform, num_expert_workers, rt.redundant_experts)
+    return contiguous_placement(cfg.num_layers, cfg.num_experts, num_expert_workers)
+
+
 def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str, dtype: str, device: str,
-                 send_kv: bool) -> Layout:
+                 send_kv: bool, placement: Placement | None = None) -> Layout:
     if mode == "async":
         A, E = rt.attention_workers, rt.expert_workers
         if E > cfg.num_experts:
@@ -52,16 +59,17 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
         pairs = [(i, j) for i in range(A) for j in range(A) if i != j]   # self-sends stay local (Loopback)
     else:
         raise ValueError(f"mode must be async or sync, got {mode!r}")
-    placement = contiguous_placement(cfg.num_layers, cfg.num_experts, E)
-    layer = cfg.moe_layer_ids[0] if cfg.moe_layer_ids else 0
-    owner = [first_expert_rank + placement.replicas[layer][e][0] for e in range(cfg.num_experts)]
-    shard = {w: placement.experts_on(w, layer) for w in range(E)}
+    placement = placement or default_placement(cfg, rt, E)
+    if placement.num_workers != E:
+        raise ValueError(f"placement is for {placement.num_workers} expert workers, the engine has {E}")
+    shard = {w: {l: placement.experts_on(w, l) for l in cfg.moe_layer_ids} for w in range(E)}
     emulated = rt.compute == "emulated"
     hidden = rt.emulated_hidden if emulated else cfg.hidden_size
     # A ring holds a few of the largest messages: a replica's full step of activations plus routing.
     ring = max(rt.ring_mb * 2**20, 3 * rt.token_budget * (hidden * 4 + cfg.top_k * 16) + 2**16) if not emulated \
         else max(2**20, 4 * rt.token_budget * (hidden * 4 + cfg.top_k * 16))
-    common = dict(model_dir=model_dir, model_cfg=cfg, runtime=rt, owner=owner, dtype=dtype, device=device,
+    common = dict(model_dir=model_dir, model_cfg=cfg, runtime=rt, placement=placement,
+                  first_expert_rank=first_expert_rank, dtype=dtype, device=device,
                   send_kv=send_kv)
     transport = _transport(rt, world, pairs, ring)
     if mode == "async":

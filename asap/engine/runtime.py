@@ -19,9 +19,10 @@ from asap.config import ModelConfig, RuntimeConfig
 from asap.engine.layout import build_layout
 from asap.engine.output import PrefillOutput
 from asap.scheduler.request import Request
+from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
 from asap.scheduler.router import ReplicaLoad, make_router
 from asap.workers.launcher import Cluster
-from asap.workers.messages import Failure, Result, Spans, Submit
+from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Submit
 from asap.workers.spans import fractions
 
 
@@ -38,6 +39,8 @@ class RuntimeEngine:
         self.emulated = rt.compute == "emulated"
         self._layout_args = (self.cfg, rt, mode, str(model_dir), str(dtype).removeprefix("torch."), str(device),
                              send_kv)
+        self.placement: Placement | None = None          # None: the layout's default
+        self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
         self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
         self.router = make_router(rt.router)
         self._lock = threading.Lock()
@@ -52,7 +55,8 @@ class RuntimeEngine:
 
     def _start(self):
         self._stopping = True
-        layout = build_layout(*self._layout_args)
+        layout = build_layout(*self._layout_args, placement=self.placement)
+        self.placement = layout.specs[0].placement
         self.cluster = Cluster(layout.specs, layout.transport)
         try:
             self.cluster.wait_ready()
@@ -115,6 +119,9 @@ class RuntimeEngine:
             else:
                 fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
                                              {"submitted": submitted, "finished": msg.finished_at}))
+        elif isinstance(msg, RoutingCounts):
+            for layer, counts in enumerate(msg.counts):
+                self.routing_stats.record(layer, counts)
         elif isinstance(msg, Spans):
             self.spans.setdefault(msg.worker, []).extend(msg.spans)
         elif isinstance(msg, Failure):
@@ -130,6 +137,15 @@ class RuntimeEngine:
         for fut, _, _ in pending.values():
             if not fut.done():
                 fut.set_exception(EngineUnhealthy(error))
+
+    def rebalance(self, num_redundant: int) -> Placement:
+        """Recompute expert placement from the routing statistics gathered so far (EPLB-style:
+        hot experts get `num_redundant` extra copies per layer) and restart the workers with it.
+        Outputs do not change: only which worker computes which (token, expert) pair."""
+        loads = self.routing_stats.loads()
+        self.placement = balanced_placement(loads, self.placement.num_workers, num_redundant)
+        self.restart()
+        return self.placement
 
     # ---- health, stats, shutdown ----------------------------------------------------------------
     def healthy(self) -> bool:

@@ -82,17 +82,18 @@ def load_attention_side(path, dtype=torch.float32, device="cpu") -> AttentionSid
 
 
 def load_expert_shard(path, expert_ids, dtype=torch.float32, device="cpu") -> ExpertShard:
+    """expert_ids: the same ids for every MoE layer, or {layer: ids} (a placement with per-layer copies)."""
     ck = Checkpoint(path)
     cfg = ck.config
-    ids = sorted(set(int(e) for e in expert_ids))
-    if any(not 0 <= e < cfg.num_experts for e in ids):
-        raise ValueError(f"expert ids must be in [0, {cfg.num_experts}), got {ids}")
+    per_layer = expert_ids if isinstance(expert_ids, dict) else {l: expert_ids for l in cfg.moe_layer_ids}
+    per_layer = {int(l): sorted(set(int(e) for e in per_layer.get(l, ()))) for l in cfg.moe_layer_ids}
     gate_up, down = {}, {}
-    for layer in cfg.moe_layer_ids:
+    for layer, ids in per_layer.items():
+        if any(not 0 <= e < cfg.num_experts for e in ids):
+            raise ValueError(f"expert ids must be in [0, {cfg.num_experts}), got {ids}")
         p = f"model.layers.{layer}.mlp.experts."
-        names = [p + f"{e}.{proj}_proj.weight" for e in ids for proj in ("gate", "up", "down")]
-        t = ck.read(names, dtype, device)
+        t = ck.read([p + f"{e}.{proj}_proj.weight" for e in ids for proj in ("gate", "up", "down")], dtype, device)
         gate_up[layer] = torch.stack([torch.cat((t[p + f"{e}.gate_proj.weight"], t[p + f"{e}.up_proj.weight"]))
                                       for e in ids]) if ids else torch.empty(0)
         down[layer] = torch.stack([t[p + f"{e}.down_proj.weight"] for e in ids]) if ids else torch.empty(0)
-    return ExpertShard.build(cfg.num_experts, ids, gate_up, down)
+    return ExpertShard.build(cfg.num_experts, per_layer, gate_up, down)

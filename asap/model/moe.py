@@ -41,18 +41,20 @@ def gate(cfg: ModelConfig, w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torc
 
 @dataclass
 class ExpertShard:
-    """One worker's experts for every MoE layer, stacked per layer."""
-    expert_ids: list[int]                       # global ids held, ascending
+    """One worker's experts for every MoE layer, stacked per layer (the set may differ per layer)."""
+    expert_ids: dict[int, list[int]]            # layer -> global ids held, ascending
     gate_up: dict[int, torch.Tensor]            # layer -> [El, 2I, D]
     down: dict[int, torch.Tensor]               # layer -> [El, D, I]
-    local_index: torch.Tensor                   # [E] global id -> local slot, -1 if not held
+    local_index: dict[int, torch.Tensor]        # layer -> [E+1] global id -> local slot, -1 if not held
 
     @classmethod
-    def build(cls, num_experts: int, expert_ids, gate_up, down) -> "ExpertShard":
-        ids = sorted(expert_ids)
-        local = torch.full((num_experts + 1,), -1, dtype=torch.long)   # last slot catches id -1
-        local[torch.tensor(ids, dtype=torch.long)] = torch.arange(len(ids))
-        return cls(ids, gate_up, down, local)
+    def build(cls, num_experts: int, expert_ids: dict[int, list[int]], gate_up, down) -> "ExpertShard":
+        local = {}
+        for layer, ids in expert_ids.items():
+            t = torch.full((num_experts + 1,), -1, dtype=torch.long)   # last slot catches id -1
+            t[torch.tensor(ids, dtype=torch.long)] = torch.arange(len(ids))
+            local[layer] = t
+        return cls(expert_ids, gate_up, down, local)
 
 
 def expert_stage(shard: ExpertShard, layer: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -60,7 +62,7 @@ def expert_stage(shard: ExpertShard, layer: int, x: torch.Tensor, topk_ids: torc
     """This shard's weighted partial sum: [T,D]. Pairs of other shards contribute nothing."""
     T, K = topk_ids.shape
     out = torch.zeros_like(x)
-    slot = shard.local_index[topk_ids.reshape(-1)]                                 # [T*K]
+    slot = shard.local_index[layer][topk_ids.reshape(-1)]                          # [T*K]
     pairs = (slot >= 0).nonzero().squeeze(1)
     if pairs.numel() == 0:
         return out
@@ -69,7 +71,7 @@ def expert_stage(shard: ExpertShard, layer: int, x: torch.Tensor, topk_ids: torc
     pairs, slot = pairs[order], slot[order]
     tokens = pairs // K
     xs = x[tokens]                                                                # [P,D], contiguous per expert
-    counts = torch.bincount(slot, minlength=len(shard.expert_ids)).tolist()
+    counts = torch.bincount(slot, minlength=len(shard.expert_ids[layer])).tolist()
     gate_up, down = shard.gate_up[layer], shard.down[layer]
     ys = torch.empty_like(xs)
     s = 0

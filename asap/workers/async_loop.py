@@ -19,13 +19,14 @@ from asap.scheduler.microbatch import AdaptiveDepth
 from asap.workers.replica import Replica
 
 
-def attention_loop(ctx, replica: Replica, transport, owner: torch.Tensor, k: int, adaptive: bool):
-    """owner [E] -> transport rank of the expert worker holding each expert."""
+def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool):
+    """dest(layer, topk_ids) -> transport rank per (token, expert) pair (asap.workers.destinations)."""
     inbox = CombineInbox(Mailbox(transport))
     depth = AdaptiveDepth(min_k=2, max_k=max(k, 4)) if adaptive else None
     seq = 0
     while ctx.running():
         if not ctx.intake(replica, block=not replica.has_work):
+            replica.flush_routing()
             continue
         kk = depth.k if depth else k
         schedule, mbs = replica.plan(time.monotonic(), kk)
@@ -45,7 +46,7 @@ def attention_loop(ctx, replica: Replica, transport, owner: torch.Tensor, k: int
                             continue
                         deadline = min((replica.scheduler.get(c.request_id).deadline or float("inf"))
                                        for c in mb.batch.chunks)
-                        pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, owner[s.topk_ids],
+                        pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, dest(layer, s.topk_ids),
                                            replica=replica.index, layer=layer, microbatch=i, seq=seq,
                                            deadline=deadline)
                         seq += 1

@@ -51,12 +51,10 @@ class EmulatedCompute:
     """Waits instead of computing. `cost` answers per-op seconds (asap.workers.costs.CostTable)."""
     emulated = True
 
-    def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0,
-                 expert_ids=None):
+    def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0):
         self.cfg, self.cost, self.hidden, self.dilation = cfg, cost, hidden, dilation
         self.gen = torch.Generator().manual_seed(seed)
         self.strides = torch.arange(cfg.top_k)[None, :] * max(1, cfg.num_experts // cfg.top_k)
-        self.num_local_experts = len(expert_ids) if expert_ids is not None else 0
         self.dtype, self.device = torch.float32, "cpu"
 
     def _wait(self, seconds: float):

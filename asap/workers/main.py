@@ -31,8 +31,9 @@ class WorkerSpec:
     model_cfg: ModelConfig
     runtime: RuntimeConfig
     transport: object            # a TransportSpec
-    owner: list[int]             # expert id -> transport rank of its expert worker
-    expert_ids: list[int] | None
+    placement: object            # asap.scheduler.placement.Placement over the expert workers
+    first_expert_rank: int       # transport rank of expert worker 0
+    expert_ids: dict | None      # layer -> experts this worker holds (expert workers and sync ranks)
     dtype: str = "float32"
     device: str = "cpu"
     send_kv: bool = True
@@ -92,7 +93,7 @@ def _compute(spec: WorkerSpec, attention: bool):
         from asap.workers.compute import EmulatedCompute
         from asap.workers.costs import cost_table
         return EmulatedCompute(spec.model_cfg, cost_table(spec.model_cfg, rt.hardware), rt.emulated_hidden,
-                               rt.dilation, seed=spec.rank, expert_ids=spec.expert_ids)
+                               rt.dilation, seed=spec.rank)
     from asap.workers.compute import RealCompute
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device)
 
@@ -108,7 +109,8 @@ def worker_main(spec: WorkerSpec, control, results, stop):
         rt = spec.runtime
         compute = _compute(spec, attention=spec.role != "expert")
         transport = spec.transport.connect(spec.rank)
-        owner = torch.tensor(spec.owner, dtype=torch.long)
+        from asap.workers.destinations import Destinations
+        dest = Destinations(spec.placement, spec.first_expert_rank)
         results.put(Ready(spec.rank, spec.role))
 
         def replica():
@@ -117,7 +119,7 @@ def worker_main(spec: WorkerSpec, control, results, stop):
 
         if spec.role == "attention":
             from asap.workers.async_loop import attention_loop
-            attention_loop(ctx, replica(), transport, owner, rt.microbatches, rt.adaptive_depth)
+            attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth)
         elif spec.role == "expert":
             from asap.scheduler.expert_select import AggregationWindow, make_selector
             from asap.workers.async_loop import expert_loop
@@ -127,7 +129,7 @@ def worker_main(spec: WorkerSpec, control, results, stop):
             expert_loop(ctx, compute, transport, sel)
         else:
             from asap.workers.sync_loop import rank_loop
-            rank_loop(ctx, replica(), compute, transport, owner, tbo=rt.microbatches > 1)
+            rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1)
     except Exception:  # noqa: BLE001 - reported to the engine, which fails the affected requests
         results.put(Failure(f"{spec.role}{spec.index}", traceback.format_exc()))
     finally:

@@ -49,3 +49,9 @@ class Spans:                       # worker -> engine, flushed periodically: (ki
 class Failure:                     # a worker hit an error it cannot recover from
     worker: str
     error: str
+
+
+@dataclass
+class RoutingCounts:               # replica -> engine: tokens routed to each expert since the last report
+    replica: int
+    counts: list                   # [num_layers][num_experts]

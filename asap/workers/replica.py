@@ -18,7 +18,7 @@ from asap.scheduler.errors import QueueFull
 from asap.scheduler.microbatch import split_microbatches
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request
-from asap.workers.messages import Result, Submit
+from asap.workers.messages import Result, RoutingCounts, Submit
 
 
 @dataclass
@@ -34,6 +34,9 @@ class Replica:
         self.send_kv = send_kv
         self.kv = compute.new_kv()
         self.prompts: dict[int, list[int] | None] = {}
+        cfg = compute.cfg
+        self.routing = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)   # for expert placement
+        self._routing_sent = time.monotonic()
 
     # ---- requests in / results out ---------------------------------------------------------------
     def intake(self, msg: Submit) -> None:
@@ -86,7 +89,10 @@ class Replica:
             empty = torch.zeros(0, K)
             return StageOut(h=mb.h, x=mb.h if self.compute.cfg.moe_layers[layer] else None,
                             topk_ids=empty.long() if self.compute.cfg.moe_layers[layer] else None, topk_weights=empty)
-        return self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
+        s = self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
+        if s.topk_ids is not None:
+            self.routing[layer] += torch.bincount(s.topk_ids.reshape(-1), minlength=self.routing.shape[1])
+        return s
 
     def finish(self, schedule: dict[int, int], mbs: list[MicroBatch]) -> None:
         for mb in mbs:
@@ -102,3 +108,11 @@ class Replica:
                                         kv if self.send_kv else None, finished_at=now))
         for req in self.scheduler.commit(schedule):
             self.prompts.pop(req.id, None)
+        if time.monotonic() - self._routing_sent > 0.5:
+            self.flush_routing()
+
+    def flush_routing(self) -> None:
+        if self.routing.any():
+            self.results.put(RoutingCounts(self.index, self.routing.tolist()))
+            self.routing.zero_()
+        self._routing_sent = time.monotonic()

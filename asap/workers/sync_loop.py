@@ -29,7 +29,7 @@ class _StepSelector:
         return [i for i, w in enumerate(ready) if (w.key[4], w.key[2], w.key[3]) == self.key]
 
 
-def rank_loop(ctx, replica: Replica, compute, transport, owner: torch.Tensor, tbo: bool):
+def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool):
     transport = Loopback(transport)
     mailbox = Mailbox(transport)
     inbox, queue, sel = CombineInbox(mailbox), WorkQueue(mailbox), _StepSelector()
@@ -47,6 +47,7 @@ def rank_loop(ctx, replica: Replica, compute, transport, owner: torch.Tensor, tb
             continue
         ctx.spans.add("stall" if replica.has_work else "idle", t0, time.monotonic())
         if not anyone:
+            replica.flush_routing()
             step += 1
             ctx.flush()
             continue
@@ -63,7 +64,7 @@ def rank_loop(ctx, replica: Replica, compute, transport, owner: torch.Tensor, tb
                     if s.x is None:
                         mb.h = s.h
                         continue
-                    pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, owner[s.topk_ids],
+                    pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, dest(layer, s.topk_ids),
                                        replica=replica.index, layer=layer, microbatch=i, seq=step, always_to=ranks)
                     _serve(ctx, compute, queue, transport, sel, (step, layer, i), len(ranks))
                     pending[i] = (s.h, pc)
