@@ -175,6 +175,8 @@ class RuntimeConfig:
     selector: str = _f("oldest", "expert work selection: oldest, largest or deadline")
     aggregation_window_ms: float = _f(0.0, "expert side: wait up to this long to merge same-layer work")
     redundant_experts: int = _f(0, "extra expert copies per layer, placed EPLB-style (needs (E + this) % workers == 0)")
+    admission: str = _f("off", "SLO-aware admission: off, reject or demote requests predicted to miss their deadline")
+    admission_slack: float = _f(2.0, "admission acts when the predicted finish passes slack x the TTFT budget")
     max_queue: int = _f(1024, "bounded queue of waiting requests per replica")
     compute: str = _f("real", "real, or emulated (compute replaced by timed waits from a cost table)")
     emulated_hidden: int = _f(16, "emulated: hidden size of the tensors that still travel")
@@ -194,5 +196,7 @@ class RuntimeConfig:
             raise ValueError(f"transport must be shm, gloo or nccl, got {self.transport!r}")
         if self.compute not in ("real", "emulated"):
             raise ValueError(f"compute must be real or emulated, got {self.compute!r}")
+        if self.admission not in ("off", "reject", "demote"):
+            raise ValueError(f"admission must be off, reject or demote, got {self.admission!r}")
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")

@@ -27,7 +27,7 @@ class DemoSettings:
     model: str
     length_scale: float     # Mooncake prompts (mean ~12k tokens) shrunk to CPU size ...
     max_tokens: int         # ... and clipped to [16, max_tokens]
-    duration_s: float       # the arrivals span this long
+    duration_s: float       # the arrivals span about this long
     load: float             # offered prompt tokens/s, as a fraction of the lone-prompt rate measured here
     slo_scale: float        # SLO = slo_scale x TTFT of a lone max_tokens prompt on the idle sync engine
     max_requests: int
@@ -36,7 +36,7 @@ class DemoSettings:
 
 # The rate and the SLO are calibrated on this machine (one lone prompt on the sync engine), so the CPU
 # is loaded but not swamped however fast or busy it is, and the runs stay near `duration_s` each.
-DEMO = DemoSettings("small-deepseek-v3", length_scale=1 / 64, max_tokens=512, duration_s=40.0, load=1.6,
+DEMO = DemoSettings("small-deepseek-v3", length_scale=1 / 64, max_tokens=512, duration_s=40.0, load=1.2,
                     slo_scale=5.0, max_requests=64, token_budget=1024)
 QUICK = DemoSettings("tiny-deepseek-v3", length_scale=1 / 64, max_tokens=256, duration_s=2.0, load=0.8,
                      slo_scale=5.0, max_requests=16, token_budget=512)
@@ -99,10 +99,11 @@ def run(args) -> int:
                 lone = s.max_tokens / t_ref
                 n = args.num_requests or count_for(lengths, s.load * lone * s.duration_s, MIN_REQUESTS,
                                                    s.max_requests)
-                rate = args.rate or (n - 1) / s.duration_s
+                # offered load = s.load x the lone rate, also when n hit a bound (the span then moves off duration_s)
+                rate = args.rate or (n - 1) * s.load * lone / sum(lengths[:n])
                 workload = replace(base, num_requests=n, rate=rate, slo_ttft_s=args.slo_ttft_s or s.slo_scale * t_ref)
                 calib = dict(lone_prompt_s=t_ref, lone_tokens_per_s=lone, rate=rate, slo_s=workload.slo_ttft_s)
-            log(f"{engine}: {workload.num_requests} requests over {s.duration_s:g} s")
+            log(f"{engine}: {workload.num_requests} requests over {(workload.num_requests - 1) / workload.rate:.0f} s")
             r = measure(target, workload)
         finally:
             target.close()

@@ -60,7 +60,11 @@ class EngineTarget:
         self.progress, self.timeout = progress, timeout
         self._ids = itertools.count(1 << 40)      # never collides with LLM.submit's own ids
         self.window: tuple[float, float] | None = None
-        self._submit_one(Request(0, 16, prompt=[0] * 16)).result()     # warm-up: first-call costs stay out
+        try:
+            self._submit_one(Request(0, 16, prompt=[0] * 16)).result()     # warm-up: first-call costs stay out
+        except BaseException:
+            self.llm.close()
+            raise
         self.startup_s = time.monotonic() - t0
 
     def _submit_one(self, req: Request):

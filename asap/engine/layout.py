@@ -36,6 +36,14 @@ def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int):
                              device="cuda" if rt.transport == "nccl" else "cpu")
 
 
+def replica_cost(cfg: ModelConfig, rt: RuntimeConfig):
+    """The router's cost predictor: the cost model on this engine's hardware profile (emulated: dilated)."""
+    from asap.workers.costs import cost_table
+    fn = cost_table(cfg, rt.hardware).cost.replica_cost_fn()
+    scale = rt.dilation if rt.compute == "emulated" else 1.0
+    return lambda batch: scale * fn(batch)
+
+
 def default_placement(cfg: ModelConfig, rt: RuntimeConfig, num_expert_workers: int) -> Placement:
     if rt.redundant_experts:
         uniform = [[1.0] * cfg.num_experts for _ in range(cfg.num_layers)]

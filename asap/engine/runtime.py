@@ -16,11 +16,13 @@ from concurrent.futures import Future
 import torch
 
 from asap.config import ModelConfig, RuntimeConfig
-from asap.engine.layout import build_layout
+from asap.engine.layout import build_layout, replica_cost
 from asap.engine.output import PrefillOutput
+from asap.scheduler.admission import SLOAdmission
+from asap.scheduler.errors import QueueFull, Rejected
 from asap.scheduler.request import Request
 from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
-from asap.scheduler.router import ReplicaLoad, make_router
+from asap.scheduler.router import QueueAwareRouter, ReplicaLoad, make_router
 from asap.workers.launcher import Cluster
 from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Submit
 from asap.workers.spans import fractions
@@ -37,12 +39,16 @@ class RuntimeEngine:
         self.mode, self.runtime = mode, rt
         self.cfg = ModelConfig.from_dir(model_dir)
         self.emulated = rt.compute == "emulated"
+        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
         self._layout_args = (self.cfg, rt, mode, str(model_dir), str(dtype).removeprefix("torch."), str(device),
                              send_kv)
         self.placement: Placement | None = None          # None: the layout's default
         self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
-        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
-        self.router = make_router(rt.router)
+        cost = replica_cost(self.cfg, rt)
+        self.router = make_router(rt.router, cost)
+        self.predictor = QueueAwareRouter(cost)          # predicted TTFT for admission, whatever the router
+        self.admission = SLOAdmission(rt.admission, rt.admission_slack)
+        self.max_outstanding = rt.max_queue * self.num_replicas
         self._lock = threading.Lock()
         self._futures: dict[int, tuple[Future, int, float]] = {}      # id -> (future, replica, submitted)
         self._loads = [dict() for _ in range(self.num_replicas)]     # replica -> {id: tokens}
@@ -84,13 +90,23 @@ class RuntimeEngine:
             fut.set_exception(EngineUnhealthy(f"engine unhealthy: {'; '.join(self.errors[-3:])}"))
             return fut
         now = time.monotonic()
+        req = Request(request_id, n, now, deadline)
         with self._lock:
+            if len(self._futures) >= self.max_outstanding:
+                fut.set_exception(QueueFull(f"{len(self._futures)} requests in flight (max_queue x replicas)"))
+                return fut
             loads = [ReplicaLoad(i, len(l), sum(l.values()), [(t, 0) for t in l.values()])
                      for i, l in enumerate(self._loads)]
-            replica = self.router.route(Request(request_id, n, now, deadline), loads, now)
+            replica = self.router.route(req, loads, now)
+            try:
+                self.admission.admit(req, self.predictor.predict(req, loads[replica], now) - now, now)
+            except Rejected as e:
+                fut.set_exception(e)
+                return fut
             self._futures[request_id] = (fut, replica, now)
             self._loads[replica][request_id] = n
-        self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline))
+        self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline,
+                                                  req.priority))
         return fut
 
     def _collect(self):

@@ -54,6 +54,7 @@ class Supervisor:
                 restart = self.can_restart and not self.draining
                 self.status = "restarting" if restart else "unhealthy"
                 if restart:
+                    await self._let_engine_fail_in_flight()
                     log.warning("engine unhealthy (%s): restarting its workers", self.reason)
                     try:
                         await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.engine.restart)
@@ -66,6 +67,13 @@ class Supervisor:
                         await asyncio.sleep(backoff)
                         backoff = min(2 * backoff, 30.0)
             await asyncio.sleep(self.poll_s)
+
+    async def _let_engine_fail_in_flight(self, timeout_s: float = 1.0) -> None:
+        """The engine fails its in-flight requests at once when its collector sees a dead worker (and records
+        an error); restart() would stop that and leave them to wait for the workers to stop. So wait for it."""
+        end = time.monotonic() + timeout_s
+        while not getattr(self.llm.engine, "errors", True) and time.monotonic() < end:
+            await asyncio.sleep(0.02)
 
     def why(self) -> str:
         errors = list(getattr(self.llm.engine, "errors", []))

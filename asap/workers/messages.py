@@ -15,6 +15,7 @@ class Submit:                      # engine -> attention worker (async) or rank 
     num_tokens: int
     arrival: float                 # time.monotonic() in the engine (same clock in every process on one host)
     deadline: float | None = None
+    priority: int = 0              # admission may demote (-1)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ class Replica:
 
     # ---- requests in / results out ---------------------------------------------------------------
     def intake(self, msg: Submit) -> None:
-        req = Request(msg.request_id, msg.num_tokens, arrival=msg.arrival, deadline=msg.deadline)
+        req = Request(msg.request_id, msg.num_tokens, arrival=msg.arrival, deadline=msg.deadline,
+                      priority=msg.priority)
         try:
             self.scheduler.add(req)
         except QueueFull as e:
