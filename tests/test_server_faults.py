@@ -70,7 +70,7 @@ def test_killed_expert_worker_fails_in_flight_requests_and_the_server_recovers(t
     first_503 = statuses.index(503)
     assert 200 in statuses[first_503:], f"not healthy again: {health[-1]}"
     assert {h["status"] for _, s, h in health if s == 503} <= {"unhealthy", "restarting"}
-    assert after["restarts"] == 1 and after["workers"]["expert0"]["alive"]
+    assert after["restarts"] >= 1 and after["workers"]["expert0"]["alive"]
     assert after["workers"]["expert0"]["pid"] != before["workers"]["expert0"]["pid"]
     recovered_at = next(t for t, s, _ in health[first_503:] if s == 200)
     assert any(status == 200 and start > recovered_at for start, _, status, _ in results), "no success after"

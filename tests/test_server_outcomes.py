@@ -1,6 +1,6 @@
 """Promises of the request path against a scripted engine (in-process ASGI, no workers): an admitted
-request holds its slot until the engine is done with it, even after a 504; engine failures are 5xx;
-every request is counted once by outcome."""
+request holds its slot until the engine is done with it, even after a 504; engine failures are 5xx
+(503 + Retry-After when retrying can help); every request is counted once by outcome."""
 import asyncio
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -11,6 +11,7 @@ import torch
 from asap.config import ModelConfig
 from asap.engine.output import PrefillOutput
 from asap.engine.runtime import EngineUnhealthy
+from asap.scheduler.errors import QueueFull
 from asap.server.app import create_app
 from asap.server.config import ServerConfig
 
@@ -49,18 +50,23 @@ async def scenario(llm, **cfg):
         while len(llm.futures) < 3:
             await asyncio.sleep(0.01)
         llm.futures[2].set_exception(RuntimeError("boom"))
-        responses = [first, second, await third, await fourth]
+        fifth = asyncio.create_task(post())
+        while len(llm.futures) < 4:
+            await asyncio.sleep(0.01)
+        llm.futures[3].set_exception(QueueFull("replica queue full"))
+        responses = [first, second, await third, await fourth, await fifth]
         return responses, (await client.get("/metrics")).text
 
 
 def test_slots_outlive_timeouts_and_engine_failures_are_5xx(tiny_dirs):
     cfg = ModelConfig.from_dir(tiny_dirs["tiny-deepseek-v3"])
     responses, metrics = asyncio.run(scenario(ScriptedLLM(cfg), max_pending=1, request_timeout_s=0.2))
-    assert [r.status_code for r in responses] == [504, 503, 503, 500]
+    assert [r.status_code for r in responses] == [504, 503, 503, 500, 503]
     assert responses[1].json()["error"]["type"] == "overloaded_error" and responses[1].headers["retry-after"]
     assert "worker(s) died" in responses[2].json()["error"]["message"] and responses[2].headers["retry-after"]
     assert "RuntimeError: boom" in responses[3].json()["error"]["message"]
+    assert responses[4].json()["error"]["type"] == "overloaded_error"       # the engine's own queue bound
     counts = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
               if line.startswith("asap_requests_total{")}
-    assert counts == {"ok": 0, "invalid": 0, "rejected": 1, "unavailable": 0, "failed": 2, "timeout": 1}
+    assert counts == {"ok": 0, "invalid": 0, "rejected": 2, "unavailable": 0, "failed": 2, "timeout": 1}
     assert "asap_queue_depth 0.0" in metrics

@@ -13,7 +13,7 @@ from asap.server.process import ServerProcess
 
 LOAD_S = float(os.environ.get("ASAP_SERVER_LOAD_S", "30"))
 MAX_PENDING = 8
-PROMPT = [(7 * i) % 500 for i in range(512)]
+PROMPT = [(7 * i) % 500 for i in range(1024)]    # long enough that the engine, not HTTP, is the bottleneck
 pytestmark = pytest.mark.timeout(int(2 * LOAD_S) + 150)
 
 

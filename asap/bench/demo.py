@@ -8,6 +8,7 @@ Prints the comparison table, writes JSON and plots into --out.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -78,39 +79,20 @@ def log(msg: str) -> None:
     print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
-def run(args) -> int:
-    t_start = time.monotonic()
-    s = QUICK if args.quick else DEMO
-    from asap.model.materialize import resolve_model
-    log(f"model {s.model} (materialised on first use)")
-    model_dir = str(resolve_model(s.model))
-    t_model = time.monotonic() - t_start
-    base, source = demo_workload(s, args.trace, ModelConfig.from_dir(model_dir).vocab_size)
+def calibrate(sync: EngineTarget, s: DemoSettings, base: Workload, args) -> tuple[Workload, dict]:
+    """Time a lone max_tokens prompt on the idle sync engine (the baseline); size the rate and the SLO by it."""
     lengths = [r.num_tokens for r in base.build()]
-    runtime = RuntimeConfig(attention_workers=1, expert_workers=1, devices=2, token_budget=s.token_budget)
+    t_ref = sync.prefill_seconds(s.max_tokens)
+    lone = s.max_tokens / t_ref
+    n = args.num_requests or count_for(lengths, s.load * lone * s.duration_s, MIN_REQUESTS, s.max_requests)
+    # offered load = s.load x the lone rate, also when n hit a bound (the span then moves off duration_s)
+    rate = args.rate or (n - 1) * s.load * lone / sum(lengths[:n])
+    workload = replace(base, num_requests=n, rate=rate, slo_ttft_s=args.slo_ttft_s or s.slo_scale * t_ref)
+    return workload, dict(lone_prompt_s=t_ref, lone_tokens_per_s=lone, rate=rate, slo_s=workload.slo_ttft_s)
 
-    records, runs, workload, calib = [], [], None, {}
-    for engine in ("sync", "async"):
-        log(f"{engine}: starting workers")
-        target = EngineTarget(engine, model_dir, runtime, progress=args.progress)
-        try:
-            if workload is None:     # calibrate on the idle sync engine, the baseline
-                t_ref = target.prefill_seconds(s.max_tokens)
-                lone = s.max_tokens / t_ref
-                n = args.num_requests or count_for(lengths, s.load * lone * s.duration_s, MIN_REQUESTS,
-                                                   s.max_requests)
-                # offered load = s.load x the lone rate, also when n hit a bound (the span then moves off duration_s)
-                rate = args.rate or (n - 1) * s.load * lone / sum(lengths[:n])
-                workload = replace(base, num_requests=n, rate=rate, slo_ttft_s=args.slo_ttft_s or s.slo_scale * t_ref)
-                calib = dict(lone_prompt_s=t_ref, lone_tokens_per_s=lone, rate=rate, slo_s=workload.slo_ttft_s)
-            log(f"{engine}: {workload.num_requests} requests over {(workload.num_requests - 1) / workload.rate:.0f} s")
-            r = measure(target, workload)
-        finally:
-            target.close()
-        records.append(record_of(r, workload, target=engine, startup_s=target.startup_s))
-        runs.append(r)
 
-    tokens = lengths[:workload.num_requests]
+def report(s: DemoSettings, workload: Workload, source: str, calib: dict, records: list[dict]) -> None:
+    tokens = [r.num_tokens for r in workload.build()]
     print(f"asap demo: {s.model}, REAL compute on this CPU; sync = 2 ranks (DP attention + EP experts), "
           f"async = 1 attention replica + 1 expert worker")
     print(f"workload: {len(tokens)} requests, the first of the {source}; arrivals rescaled to "
@@ -121,6 +103,39 @@ def run(args) -> int:
     print(f"SLO: {describe_slo(workload)} for every request (our choice: {s.slo_scale:g} x that lone prompt's "
           f"TTFT, the simulator's rule)\n")
     print(summary_text(records))
+    cores = os.cpu_count()
+    busy = max(r["load_avg_1min"] for r in records) > 2 * cores
+    print(f"\nCPU load average (1 min) at the end of each run: "
+          + ", ".join(f"{r['target']} {r['load_avg_1min']:.1f}" for r in records) + f" on {cores} cores"
+          + (" -- other processes competed for the CPU: compare with care" if busy else ""))
+
+
+def run(args) -> int:
+    t_start = time.monotonic()
+    s = QUICK if args.quick else DEMO
+    from asap.model.materialize import resolve_model
+    log(f"model {s.model} (materialised on first use)")
+    model_dir = str(resolve_model(s.model))
+    t_model = time.monotonic() - t_start
+    base, source = demo_workload(s, args.trace, ModelConfig.from_dir(model_dir).vocab_size)
+    runtime = RuntimeConfig(attention_workers=1, expert_workers=1, devices=2, token_budget=s.token_budget)
+
+    records, runs, workload, calib = [], [], None, {}
+    for engine in ("sync", "async"):
+        log(f"{engine}: starting workers")
+        target = EngineTarget(engine, model_dir, runtime, progress=args.progress)
+        try:
+            if workload is None:
+                workload, calib = calibrate(target, s, base, args)
+            log(f"{engine}: {workload.num_requests} requests over {(workload.num_requests - 1) / workload.rate:.0f} s")
+            r = measure(target, workload)
+        finally:
+            target.close()
+        records.append(record_of(r, workload, target=engine, startup_s=target.startup_s,
+                                 load_avg_1min=os.getloadavg()[0]))
+        runs.append(r)
+
+    report(s, workload, source, calib, records)
     out = Path(args.out)
     paths = write_plots(out, runs, {}, workload.slo_ttft_s)
     wall = time.monotonic() - t_start

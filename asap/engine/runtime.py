@@ -9,6 +9,7 @@ flight fails with an error and the engine reports itself unhealthy.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -63,13 +64,14 @@ class RuntimeEngine:
         self._stopping = True
         layout = build_layout(*self._layout_args, placement=self.placement)
         self.placement = layout.specs[0].placement
-        self.cluster = Cluster(layout.specs, layout.transport)
+        cluster = Cluster(layout.specs, layout.transport)
         try:
-            self.cluster.wait_ready()
+            cluster.wait_ready()            # before the collector thread can see (and eat) the Ready messages
         except Exception:
-            self.cluster.close()
+            cluster.close()
             raise
-        for msg in self.cluster.early:
+        self.cluster = cluster
+        for msg in cluster.early:
             self._handle(msg)
         self.errors.clear()
         self._stopping = False
@@ -114,12 +116,15 @@ class RuntimeEngine:
             cluster = self.cluster
             try:
                 msg = cluster.results.get(timeout=0.1)
-            except Exception:  # noqa: BLE001 - queue.Empty, or the queue closed at shutdown/restart
+            except queue.Empty:
                 msg = None
+            except (OSError, ValueError):   # the queue of a cluster closed by restart()/close()
+                time.sleep(0.05)
+                continue
             if msg is not None:
                 self._handle(msg)
             dead = cluster.dead()
-            if dead and not self._stopping:
+            if dead and not self._stopping and cluster is self.cluster:
                 self._fail_all(f"worker(s) died: {dead}")
 
     def _handle(self, msg):

@@ -11,7 +11,8 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-# ok: 200; invalid: 4xx; rejected: 503, admission queue full; unavailable: 503, engine unhealthy;
+# ok: 200; invalid: 4xx; rejected: 503, admission full (server's max_pending, or the engine's max_queue or
+# SLO admission); unavailable: 503, engine unhealthy;
 # failed: 5xx, the engine failed an admitted request; timeout: 504.
 OUTCOMES = ("ok", "invalid", "rejected", "unavailable", "failed", "timeout")
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

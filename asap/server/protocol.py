@@ -16,10 +16,13 @@ from asap.engine.validate import check_prompt
 
 
 class ApiError(Exception):
+    """An HTTP error response; `outcome` is how asap_requests_total counts it (see metrics.OUTCOMES)."""
+
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, outcome: str = "invalid"):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+        self.outcome = outcome
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}

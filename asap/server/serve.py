@@ -63,7 +63,7 @@ def serve(model: str, cfg: ServerConfig, runtime: RuntimeConfig) -> int:
                                 timeout_graceful_shutdown=cfg.shutdown_timeout_s)
         print(f"asap serve: {name} on the {cfg.engine} engine, listening on http://{host}:{port}", flush=True)
         with _exit_zero_on_signal():
-            _Server(app.state.supervisor, config).run(sockets=[sock])
+            _Server(app.state.service.supervisor, config).run(sockets=[sock])
     finally:
         llm.close()
     print("asap serve: stopped", flush=True)

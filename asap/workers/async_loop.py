@@ -27,6 +27,7 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
     while ctx.running():
         if not ctx.intake(replica, block=not replica.has_work):
             replica.flush_routing()
+            ctx.flush()
             continue
         kk = depth.k if depth else k
         schedule, mbs = replica.plan(time.monotonic(), kk)
