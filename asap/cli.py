@@ -23,12 +23,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
+        help_text = (f.metadata.get("help") or "").replace("%", "%%")   # argparse formats help with %
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata.get("help"))
+                                help=help_text)
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=f.default, help=f.metadata.get("help"))
+            parser.add_argument(flag, type=typ, default=f.default, help=help_text + " (default: %(default)s)")
 
 
 def config_from_args(cls, args, **extra):

@@ -12,6 +12,7 @@ when figures are not measured on real compute: "(emulated)" or "(SIMULATED)".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import time
@@ -57,6 +58,7 @@ class EngineTarget:
         self.llm = LLM(model, engine=engine, **kwargs)
         self.emulated = engine != "reference" and runtime.compute == "emulated"
         self.label = engine + (f" (emulated, {runtime.hardware} x{runtime.dilation:g})" if self.emulated else "")
+        self.dilation = runtime.dilation if self.emulated else 1.0
         self.progress, self.timeout = progress, timeout
         self._ids = itertools.count(1 << 40)      # never collides with LLM.submit's own ids
         self.window: tuple[float, float] | None = None
@@ -82,7 +84,15 @@ class EngineTarget:
         if not self.emulated and any(r.prompt is None for r in requests):
             raise ValueError("real compute needs prompts; build the workload with with_prompts=True")
         start = time.monotonic()
+        d = self.dilation
+        if d != 1.0:    # emulated time runs d x slower: replay d x slower, report in emulated-hardware time
+            requests = [dataclasses.replace(r, arrival=r.arrival * d, deadline=None if r.deadline is None
+                                            else r.arrival * d + (r.deadline - r.arrival) * d) for r in requests]
         results = asyncio.run(replay(future_submit(self._submit_one), requests, self.progress, self.timeout))
+        if d != 1.0:
+            results = [dataclasses.replace(x, arrival=x.arrival / d, ttft=None if x.ttft is None else x.ttft / d,
+                                           deadline_s=None if x.deadline_s is None else x.deadline_s / d)
+                       for x in results]
         self.window = (start, time.monotonic())
         self._flush_spans()
         return results

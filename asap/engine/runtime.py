@@ -79,8 +79,8 @@ class RuntimeEngine:
     def restart(self) -> None:
         """Stop every worker and start them again (each reloads its weights); requests in flight fail."""
         self._stopping = True
-        self.cluster.close()
         self._fail_all("engine restarting")
+        self.cluster.close()
         self._start()
 
     # ---- requests -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from asap.config import ModelConfig
+from asap.model.tokenizer import write_tokenizer
 from asap.model.presets import CONFIG_ONLY, PRESETS, preset_config
 
 SHARD_BYTES = 512 * 2**20
@@ -99,6 +100,7 @@ def materialize(preset: str, out_dir: str | Path, seed: int = 0, shard_bytes: in
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(dict(hf, dtype="float32", asap_seed=seed), indent=2))
+    write_tokenizer(out, cfg.vocab_size)
     return out
 
 

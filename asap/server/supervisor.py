@@ -55,6 +55,7 @@ class Supervisor:
                 self.status = "restarting" if restart else "unhealthy"
                 if restart:
                     await self._let_engine_fail_in_flight()
+                    self.reason = self.why()
                     log.warning("engine unhealthy (%s): restarting its workers", self.reason)
                     try:
                         await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.engine.restart)
@@ -77,7 +78,9 @@ class Supervisor:
 
     def why(self) -> str:
         errors = list(getattr(self.llm.engine, "errors", []))
-        return "; ".join(errors[-3:]) or "engine stopped"
+        cluster = getattr(self.llm.engine, "cluster", None)
+        dead = cluster.dead() if cluster is not None else {}
+        return "; ".join(errors[-3:]) or (f"worker(s) died: {dead}" if dead else "engine stopped")
 
     def _trim_spans(self) -> None:
         """Keep only the spans the busy/stall gauges can still need (the engine keeps them all).

@@ -1,4 +1,6 @@
-"""`python -m asap.sim {headline,calibrate,speed,trace} ...` (every figure printed is SIMULATED)."""
+"""`python -m asap.sim {headline,calibrate,speed,trace,validate} ...`, also `asap sim ...`.
+
+Every figure printed is SIMULATED, except validate's EMULATED and REAL runs, which say so."""
 from __future__ import annotations
 
 import argparse
@@ -38,9 +40,9 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asap.sim", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def add_commands(sub) -> None:
+    """headline, calibrate, speed, trace and validate, for `python -m asap.sim` and `asap sim`."""
+    from asap.sim.validate import add_parser as add_validate
     h = sub.add_parser("headline", help="async vs sync SLO-compliant throughput vs device count")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
     h.add_argument("--num-requests", type=int, default=None, help="first N trace requests (default 40 per device)")
@@ -66,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--length", type=float, default=1.0)
     t.add_argument("--num-requests", type=int, default=200)
     t.add_argument("--out", default="out/sim_trace.json")
-    a = p.parse_args(argv)
+    add_validate(sub)
+
+
+def run_command(a) -> int:
     if a.cmd == "headline":
         mb = a.microbatches if a.microbatches == "adaptive" else int(a.microbatches)
         run_headline(a.devices, a.num_requests, a.model, a.hardware, a.trace, a.slo_scale, a.out,
@@ -78,9 +83,18 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     elif a.cmd == "speed":
         speed(a.num_requests, a.devices, a.engine)
-    else:
+    elif a.cmd == "trace":
         trace(a.out, a.engine, a.devices, a.rate, a.start, a.length, a.num_requests)
+    else:
+        from asap.sim.validate import run_args
+        return run_args(a)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asap.sim", description=__doc__)
+    add_commands(p.add_subparsers(dest="cmd", required=True))
+    return run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":

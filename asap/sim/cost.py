@@ -28,12 +28,13 @@ Shape legend: D hidden, H heads, E experts, k top-k, I expert width, T tokens.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from asap.config import ModelConfig
 from asap.scheduler.cost import CostFn, linear_cost
 from asap.sim.experts import ExpertShares
-from asap.sim.hardware import Hardware, OpRate
+from asap.sim.hardware import Hardware
 
 ACT_BYTES = 2   # activations and KV in BF16
 ELEMENTWISE_PASSES = 12
@@ -43,7 +44,7 @@ class CostModel:
     def __init__(self, model: ModelConfig, hw: Hardware):
         self.model, self.hw = model, hw
         keep = 1.0 - hw.comm_compute_share
-        self.rates = {name: OpRate(r.flops_per_s * keep, r.bytes_per_s, r.overhead_s) for name, r in hw.ops.items()}
+        self.rates = {name: replace(r, flops_per_s=r.flops_per_s * keep) for name, r in hw.ops.items()}
         m, D = model, model.hidden_size
         if m.is_mla:
             H, q, kv, rope = m.num_heads, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim

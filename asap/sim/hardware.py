@@ -5,7 +5,8 @@ peak x efficiency, plus a fixed per-op overhead) and a two-tier link model
 (inside a node / across nodes). Built-in profiles are derived from datasheet
 peaks and published efficiencies (/work/shared/REFERENCE.md, cited per line);
 any profile can also be read from / written to JSON (schema below), which is
-how a measured "cpu" profile from `asap profile` gets in.
+how a measured "cpu" profile from `asap profile` gets in ($ASAP_CACHE/profiles/cpu.json,
+preferred by get_hardware("cpu") over the shipped, uncalibrated profiles/cpu.json).
 
 JSON schema "asap-sim-hardware/1":
     {"schema": "asap-sim-hardware/1", "name": str, "calibrated": bool, "source": str,
@@ -15,14 +16,17 @@ JSON schema "asap-sim-hardware/1":
      "combine_bytes": float,           # ... and sent back
      "comm_compute_share": float,      # fraction of compute lost to comm kernels while overlapping
      "gemm_tile_m": int,               # grouped-GEMM row tile (padding per expert)
-     "ops": {OP: {"flops_per_s": float, "bytes_per_s": float, "overhead_s": float}, ...},
+     "ops": {OP: {"flops_per_s": float, "bytes_per_s": float, "overhead_s": float,
+                  "overlap": bool (optional, default true)}, ...},
      "link": {"intra_bytes_per_s": float, "inter_bytes_per_s": float, "latency_s": float, "node_size": int}}
-OP is each name in OP_NAMES. Per op, time = overhead_s + max(flops / flops_per_s, bytes / bytes_per_s);
+OP is each name in OP_NAMES. Per op, time = overhead_s + max(flops / flops_per_s, bytes / bytes_per_s)
+(the sum instead of the max where "overlap" is false);
 `asap.sim.calibrate.fit_op_rate` fits those three numbers from measured (flops, bytes, seconds) samples.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,14 +40,19 @@ class OpRate:
     flops_per_s: float      # effective: peak x efficiency
     bytes_per_s: float      # effective memory bandwidth
     overhead_s: float = 0.0
+    # True: compute and memory traffic overlap (roofline max). False: they add, as in a CPU's eager
+    # kernels run one after another (weight streaming, the K/V expansion, then the GEMMs); the form
+    # fit_op_rate fits, so a measured profile sets it where both terms matter.
+    overlap: bool = True
 
     def __post_init__(self):
         if not (self.flops_per_s > 0 and self.bytes_per_s > 0 and self.overhead_s >= 0):
             raise ValueError(f"bad op rate {self}")
 
     def seconds(self, flops: float, nbytes: float) -> float:
-        """Roofline: the slower of compute and memory, plus the fixed overhead."""
-        return self.overhead_s + max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
+        """Roofline: the slower of compute and memory (or their sum), plus the fixed overhead."""
+        compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
+        return self.overhead_s + (max(compute, memory) if self.overlap else compute + memory)
 
 
 @dataclass(frozen=True)
@@ -175,16 +184,28 @@ BUILTIN = {
 }
 
 
+def calibrated_cpu_path() -> Path:
+    """Where `asap profile` writes this machine's profile: $ASAP_CACHE/profiles/cpu.json."""
+    return Path(os.environ.get("ASAP_CACHE", Path.home() / ".cache" / "asap")) / "profiles" / "cpu.json"
+
+
+def cpu_profile_path() -> Path:
+    """The file "cpu" means: the measured profile if `asap profile` has written one, else the shipped
+    guess (profiles/cpu.json, "calibrated": false)."""
+    p = calibrated_cpu_path()
+    return p if p.is_file() else PROFILE_DIR / "cpu.json"
+
+
 def get_hardware(spec: "str | Path | Hardware") -> Hardware:
-    """A Hardware, a built-in name, "cpu" (profiles/cpu.json, uncalibrated until `asap profile`
-    rewrites it), or a path to a profile JSON."""
+    """A Hardware, a built-in name, "cpu" (see cpu_profile_path; the result's `calibrated` and
+    `source` say which file it came from), or a path to a profile JSON."""
     if isinstance(spec, Hardware):
         return spec
     name = str(spec)
     if name in BUILTIN:
         return BUILTIN[name]()
     if name == "cpu":
-        return load_profile(PROFILE_DIR / "cpu.json")
+        return load_profile(cpu_profile_path())
     if name.endswith(".json"):
         return load_profile(name)
     raise ValueError(f"unknown hardware {name!r}; choose one of {', '.join([*BUILTIN, 'cpu'])} or a .json path")

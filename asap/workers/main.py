@@ -100,6 +100,9 @@ def _compute(spec: WorkerSpec, attention: bool):
 
 def worker_main(spec: WorkerSpec, control, results, stop):
     _die_with_parent()
+    # Ctrl-C or a SIGTERM sent to the whole process group is the engine's to handle (drain, then stop us).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(spec.runtime.threads_per_worker)
     ctx = WorkerContext(spec, control, results, stop)
     transport = None

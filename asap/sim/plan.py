@@ -1,0 +1,190 @@
+"""`asap plan`: split N devices into A attention replicas and E expert workers (every figure SIMULATED).
+
+1. Analytic: `balanced_split` balances replica and expert throughput from the cost model -> A0.
+2. Reference rate R0: the SLO-compliant throughput of A0 (find_max_rate on the simulator).
+3. Screen: every feasible A (1 .. N - E_min, E_min from expert memory) is simulated once at R0,
+   giving its SLO attainment and P90 TTFT there.
+4. Check: the `check` best screened candidates, by (attainment, -P90), get their own rate search.
+The recommendation is the checked candidate with the highest SLO-compliant throughput (ties: lower
+P90 TTFT at R0, then fewer attention workers). The workload helpers here are shared with
+`asap ablation` (asap/bench/ablation.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asap.bench.metrics import summarize
+from asap.bench.rate_search import find_max_rate
+from asap.scheduler.request import Request
+from asap.sim.cost import CostModel
+from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
+from asap.sim.hardware import get_hardware
+from asap.sim.run import balanced_split, get_model, min_expert_workers, run
+
+WORKLOADS = ("trace", "poisson", "gamma")
+
+
+def workload_requests(kind: str = "trace", num_requests: int = 300, seed: int = 0,
+                      trace: str | Path = TRACE) -> list[Request]:
+    """The trace's first requests: its own arrivals ("trace"), or its lengths with Poisson or bursty
+    Gamma (cv 2) arrivals drawn from `seed`. Only the arrival pattern matters: rates are rescaled."""
+    from asap.workload import Gamma, Poisson, Workload
+    arrivals = {"trace": None, "poisson": Poisson(1.0), "gamma": Gamma(1.0, 2.0)}
+    if kind not in arrivals:
+        raise ValueError(f"unknown workload {kind!r}; choose one of {', '.join(WORKLOADS)}")
+    return Workload(trace=trace, arrivals=arrivals[kind], num_requests=num_requests, seed=seed,
+                    with_prompts=False).build()
+
+
+def apply_slo(requests: list[Request], slo: str, model, hardware, devices: int, token_budget: int = 16384,
+              time_scale: float = 1.0) -> list[Request]:
+    """Deadlines from an SLO spec: "5x" = 5 x the idle sync TTFT of max(L, token_budget) tokens on
+    `devices` devices (asap.sim.experiments.with_slo), "10s" = a fixed 10 s TTFT budget.
+    `time_scale` multiplies the budgets (emulated runs dilate time)."""
+    spec = slo.strip().lower()
+    try:
+        value = float(spec[:-1])
+    except ValueError:
+        value = None
+    if value is None or value <= 0 or spec[-1] not in "xs":
+        raise ValueError(f"--slo {slo!r}: expected e.g. 5x (x the idle sync TTFT) or 10s (a fixed TTFT budget)")
+    if spec.endswith("x"):
+        out = with_slo(requests, value, token_budget, model=model, hardware=hardware, devices=devices)
+    else:
+        out = [dataclasses.replace(r, deadline=r.arrival + value, meta=dict(r.meta)) for r in requests]
+    return [dataclasses.replace(r, deadline=r.arrival + time_scale * (r.deadline - r.arrival)) for r in out]
+
+
+def rate_measure(sim, requests, engine, model, hardware, devices, attention_workers=None, **sim_kw):
+    """measure(rate) -> summary of `requests` rescaled to `rate` and simulated (for find_max_rate)."""
+    def measure(rate: float) -> dict:
+        res = sim(at_rate(requests, rate), engine, model, hardware, devices, attention_workers, **sim_kw)
+        return summarize(res.results)
+    return measure
+
+
+def start_rate(sim, requests, engine, model, hardware, devices, attention_workers=None, **sim_kw) -> float:
+    """Half the rate a closed batch of the first requests (all arriving at 0) drains at: a search start."""
+    sample = [dataclasses.replace(r, arrival=0.0, deadline=None) for r in requests[:max(2 * devices, 64)]]
+    res = sim(sample, engine, model, hardware, devices, attention_workers, **sim_kw)
+    return 0.5 * len(sample) / max(r.ttft for r in res.results)
+
+
+@dataclass
+class Candidate:
+    attention_workers: int
+    expert_workers: int
+    analytic: bool                       # the cost model's throughput balance picked it
+    attainment_at_ref: float             # SLO attainment at the reference rate
+    ttft_p90_ms_at_ref: float | None
+    max_slo_rate: float | None = None    # req/s, only for checked candidates
+    tokens_per_s_per_device: float | None = None
+    converged: bool | None = None
+
+
+@dataclass
+class Plan:
+    devices: int
+    model: str
+    hardware: str
+    num_requests: int
+    ref_rate: float
+    candidates: list[Candidate]          # every feasible A, ascending
+    best: Candidate
+    sync: dict | None = None             # the sync engine on the same devices, for comparison
+    settings: dict = field(default_factory=dict)
+    label: str = "SIMULATED"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def plan(requests: list[Request], devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
+         check: int = 3, target: float = TARGET, tol: float = 0.1, with_sync: bool = True, sim=run,
+         **sim_kw) -> Plan:
+    """Recommend A:E for `devices` on `requests` (with deadlines). `check` = 0 searches every candidate.
+    `sim` is asap.sim.run.run or a stand-in with its signature; sim_kw go to it (policies, zipf, ...)."""
+    if not requests or any(r.deadline is None for r in requests):
+        raise ValueError("plan needs requests with deadlines (see apply_slo)")
+    cfg, hw = get_model(model), get_hardware(hardware)
+    e_min = min_expert_workers(cfg, hw)
+    if devices - e_min < 1:
+        raise ValueError(f"{devices} x {hw.name} cannot hold {cfg.model_type} experts ({e_min} expert workers "
+                         f"needed) plus an attention replica")
+    tokens = sum(r.num_tokens for r in requests)
+    prompt_len = sum(r.num_tokens ** 2 for r in requests) / tokens
+    balance_kw = {k: sim_kw[k] for k in ("token_budget", "microbatches", "max_batch_tokens") if k in sim_kw}
+    a0 = balanced_split(CostModel(cfg, hw), devices, prompt_len=prompt_len, **balance_kw)
+    common = (sim, requests, "async", model, hardware, devices)
+
+    def search(a: int, lo: float) -> dict:
+        return find_max_rate(rate_measure(*common, a, **sim_kw), target=target, lo=lo, tol=tol)
+
+    searched = {a0: search(a0, start_rate(*common, a0, **sim_kw))}
+    ref = searched[a0]["max_slo_rate"] or min(rate for rate, _ in searched[a0]["points"])
+    candidates = []
+    for a in range(1, devices - e_min + 1):
+        s = dict(searched[a0]["points"]).get(ref) if a == a0 else rate_measure(*common, a, **sim_kw)(ref)
+        candidates.append(Candidate(a, devices - a, a == a0, s["slo_attainment"], s["ttft_p90_ms"]))
+    screened = sorted(candidates, key=lambda c: (-c.attainment_at_ref, _p90(c), c.attention_workers))
+    for c in screened[:check] if check > 0 else screened:
+        a = c.attention_workers
+        found = searched.get(a) or search(a, ref)
+        c.max_slo_rate, c.converged = found["max_slo_rate"], found["converged"]
+        c.tokens_per_s_per_device = c.max_slo_rate * tokens / len(requests) / devices
+    a0_cand = next(c for c in candidates if c.analytic)
+    if a0_cand.max_slo_rate is None:        # the analytic pick is always shown searched
+        a0_cand.max_slo_rate, a0_cand.converged = searched[a0]["max_slo_rate"], searched[a0]["converged"]
+        a0_cand.tokens_per_s_per_device = a0_cand.max_slo_rate * tokens / len(requests) / devices
+    checked = [c for c in candidates if c.max_slo_rate is not None]
+    best = max(checked, key=lambda c: (c.max_slo_rate, -_p90(c), -c.attention_workers))
+    sync = None
+    if with_sync:
+        sync_kw = {k: v for k, v in sim_kw.items() if k not in ("microbatches", "selector", "window_s",
+                                                                "max_batch_tokens")}
+        found = find_max_rate(rate_measure(sim, requests, "sync", model, hardware, devices, **sync_kw),
+                              target=target, lo=start_rate(sim, requests, "sync", model, hardware, devices,
+                                                           **sync_kw), tol=tol)
+        rate = found["max_slo_rate"]
+        sync = {"max_slo_rate": rate, "tokens_per_s_per_device": rate * tokens / len(requests) / devices,
+                "converged": found["converged"]}
+    settings = {"target_attainment": target, "tolerance": tol, "check": check, "expert_workers_min": e_min,
+                **{k: str(v) for k, v in sim_kw.items()}}
+    return Plan(devices, str(model), str(hardware), len(requests), ref, candidates, best, sync, settings)
+
+
+def _p90(c: Candidate) -> float:
+    return float("inf") if c.ttft_p90_ms_at_ref is None else c.ttft_p90_ms_at_ref
+
+
+def _cell(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_plan(p: Plan) -> str:
+    """The candidates table (SIMULATED) and the recommendation."""
+    head = ["A", "E", f"attain@{p.ref_rate:.3g}/s", f"P90 TTFT ms@{p.ref_rate:.3g}/s", "SLO req/s",
+            "tok/s/device", "note"]
+    rows = [head]
+    for c in p.candidates:
+        note = ", ".join(n for n, on in (("analytic", c.analytic), ("RECOMMENDED", c is p.best)) if on)
+        rows.append([str(c.attention_workers), str(c.expert_workers), f"{c.attainment_at_ref:.2f}",
+                     _cell(c.ttft_p90_ms_at_ref, ".0f"), _cell(c.max_slo_rate, ".3f"),
+                     _cell(c.tokens_per_s_per_device, ".0f"), note])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    b = p.best
+    out = [f"[SIMULATED] asap plan: {p.model} on {p.devices} x {p.hardware}, {p.num_requests} requests; "
+           f"SLO-compliant throughput = max rate with >= {p.settings['target_attainment']:.0%} of requests "
+           f"within their TTFT SLO (searched to {p.settings['tolerance']:.0%}; '-' = screened only)",
+           *lines]
+    if p.sync is not None:
+        out.append(f"sync DP+EP on {p.devices} ranks (for comparison): {p.sync['max_slo_rate']:.3f} req/s, "
+                   f"{p.sync['tokens_per_s_per_device']:.0f} tok/s/device")
+    out.append(f"recommendation (SIMULATED): A={b.attention_workers} attention + E={b.expert_workers} expert "
+               f"workers: {b.max_slo_rate:.3f} req/s SLO-compliant, P90 TTFT "
+               f"{_cell(b.ttft_p90_ms_at_ref, '.0f')} ms at {p.ref_rate:.3g} req/s")
+    return "\n".join(out)
