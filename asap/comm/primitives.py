@@ -9,17 +9,17 @@ Shapes: T tokens, K top-k slots, D hidden size, T_r tokens sent to rank r.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Sequence
+from typing import Sequence
 
 import torch
 
 from asap.comm.headers import Header, Kind
 from asap.comm.mailbox import Mailbox, WorkItem, wait_for
 from asap.comm.transport import CommTimeout, Transport
+from asap.scheduler.expert_select import OldestFirst, WorkInfo
 
 # While a selector holds ready work back and does not say until when, it is asked
 # again this often even if nothing new arrives.
@@ -75,7 +75,7 @@ def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> l
     """The next work to run, from any replica and layer, as chosen by selector (an object with
     `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first). Several items are
     returned only when the selector merges same-layer work. [] if nothing is chosen within timeout."""
-    selector = selector or _default_selector()
+    selector = selector or OldestFirst()
     work = q.mailbox.work
 
     def pick():
@@ -137,55 +137,7 @@ def combine_recv(inbox: CombineInbox, pending: PendingCombine, timeout: float | 
     return out.to(pending.dtype)
 
 
-# ---- selection defaults (asap.scheduler.expert_select when it exists) -----
-
-class _WorkInfo(NamedTuple):
-    key: Any
-    replica: int
-    layer: int
-    num_tokens: int
-    sent_at: float
-    deadline: float
-
-
-class _OldestFirst:
-    """Fallback: the oldest item plus other same-layer items, oldest first, up to max_batch_tokens."""
-
-    def __init__(self, max_batch_tokens: int = 8192):
-        self.max_batch_tokens = max_batch_tokens
-
-    def select(self, ready, now) -> list[int]:
-        if not ready:
-            return []
-        order = sorted(range(len(ready)), key=lambda i: (ready[i].sent_at, i))
-        first = order[0]
-        chosen, total = [first], ready[first].num_tokens
-        for i in order[1:]:
-            if ready[i].layer == ready[first].layer and total + ready[i].num_tokens <= self.max_batch_tokens:
-                chosen.append(i)
-                total += ready[i].num_tokens
-        return chosen
-
-
-@functools.cache
-def _scheduler_module():
-    try:
-        import asap.scheduler.expert_select as mod
-    except ModuleNotFoundError as e:
-        if e.name not in ("asap.scheduler.expert_select", "asap.scheduler"):
-            raise
-        return None
-    return mod
-
-
-def _default_selector():
-    mod = _scheduler_module()
-    return mod.OldestFirst() if mod is not None and hasattr(mod, "OldestFirst") else _OldestFirst()
-
-
-def _work_info(item: WorkItem):
-    mod = _scheduler_module()
-    cls = getattr(mod, "WorkInfo", _WorkInfo) if mod is not None else _WorkInfo
+def _work_info(item: WorkItem) -> WorkInfo:
     h = item.header
-    return cls(key=(item.src, *h.key), replica=h.replica, layer=h.layer, num_tokens=h.num_tokens,
-               sent_at=h.sent_at, deadline=h.deadline)
+    return WorkInfo(key=(item.src, *h.key), replica=h.replica, layer=h.layer, num_tokens=h.num_tokens,
+                    sent_at=h.sent_at, deadline=h.deadline)

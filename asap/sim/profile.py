@@ -55,7 +55,7 @@ class Sizes:
                                            (128, 896), (256, 1536))
     stages: tuple[tuple[tuple[int, int], ...], ...] = (((32, 0),), ((128, 0),), ((512, 0),), ((1024, 0),),
                                                        ((128, 0),) * 4, ((512, 512), (256, 0)))
-    repeats: int = 3
+    repeats: int = 4                # timed rounds over all kernels (after a warm-up round)
     pings: int = 50
 
 
@@ -85,19 +85,6 @@ def fit(samples: list[tuple[float, float, float]]) -> OpRate:
     return replace(rate, overlap=not (rate.flops_per_s < UNUSED and rate.bytes_per_s < UNUSED))
 
 
-def _time(fn, repeats: int) -> float:
-    """The fastest of `repeats` calls (3x as many for calls under 20 ms) after a warm-up: on a shared
-    machine the slower calls measure the neighbours (`asap sim validate` shows the runtime under load)."""
-    t = time.perf_counter()
-    fn()
-    best = math.inf
-    for _ in range(repeats * (3 if time.perf_counter() - t < 0.02 else 1)):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def _probe(cfg: ModelConfig, weight_bytes: float) -> tuple[CostModel, CostModel]:
     """Cost models whose op seconds equal the op's FLOPs, and its bytes."""
     link = Link(1.0, 1.0, 0.0, 1)
@@ -107,29 +94,49 @@ def _probe(cfg: ModelConfig, weight_bytes: float) -> tuple[CostModel, CostModel]
 
 
 class KernelProfiler:
-    """Times one model's kernels (each shape once, then memoised); `work_*` give the cost model's
-    (FLOPs, bytes) for the same shapes."""
+    """Times one model's kernels. Asking for a kernel's time at a shape registers it (and answers 0);
+    `measure` then times everything registered, after which the same questions get the times.
+    `attention_ops` and `work_experts` give the cost model's (FLOPs, bytes) for the same shapes."""
 
-    def __init__(self, model_dir, dtype=torch.float32, repeats: int = 3, seed: int = 0):
+    def __init__(self, model_dir, dtype=torch.float32, seed: int = 0):
         from asap.model.loader import load_attention_side, load_expert_shard
         self.side = load_attention_side(model_dir, dtype)
         self.cfg = cfg = self.side.cfg
         self.shard = load_expert_shard(model_dir, range(cfg.num_experts), dtype)
-        self.dtype, self.repeats = dtype, repeats
+        self.dtype = dtype
         self.by_flops, self.by_bytes = _probe(cfg, dtype.itemsize)
         self.gen = torch.Generator().manual_seed(seed)
         self.moe_layer = cfg.moe_layer_ids[0]
         self.dense_layer = next((i for i, m in enumerate(cfg.moe_layers) if not m), None)
-        self._memo: dict = {}
+        self._jobs: dict = {}           # key -> a call to time
+        self._best: dict = {}           # key -> its fastest call, once measured
+        self._inputs: dict = {}
 
     def randn(self, *shape) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen).to(self.dtype)
 
     def time(self, key, make) -> float:
-        """Seconds of the call `make()` returns, timed once per key."""
-        if key not in self._memo:
-            self._memo[key] = _time(make(), self.repeats)
-        return self._memo[key]
+        """The timed seconds of job `key` (0 until `measure` ran); the first call registers `make()`."""
+        if key not in self._jobs:
+            self._jobs[key] = make()
+        return self._best.get(key, 0.0)
+
+    def measure(self, rounds: int, log=print) -> None:
+        """Run every registered job once per round (calls under 20 ms three times) after a warm-up
+        round, keeping each job's fastest call. Interleaving spreads a job's calls over the whole run,
+        so a burst of load from other processes on a shared machine spoils only some of them."""
+        best = {key: math.inf for key in self._jobs}
+        for r in range(rounds + 1):
+            started = time.perf_counter()
+            for key, fn in self._jobs.items():
+                for _ in range(3 if r and best[key] < 0.02 else 1):
+                    t = time.perf_counter()
+                    fn()
+                    if r:
+                        best[key] = min(best[key], time.perf_counter() - t)
+            log(f"  round {r}/{rounds}{' (warm-up)' if r == 0 else ''}: {len(self._jobs)} kernels timed in "
+                f"{time.perf_counter() - started:.1f} s")
+        self._best = best
 
     # ---- the cost model's view of a sample ----
     def attention_ops(self, chunks, is_moe: bool) -> dict[str, tuple[float, float]]:
@@ -203,14 +210,17 @@ class KernelProfiler:
         """expert_stage over T tokens routed by the gate, or spread over only `subset` experts
         (which separates the per-expert weight traffic from the per-call overhead)."""
         from asap.model.moe import expert_stage, gate
-        layer, K = self.moe_layer, self.cfg.top_k
-        x = self.randn(T, self.cfg.hidden_size)
-        if subset is None:
-            ids, weights = gate(self.cfg, self.side.layers[layer], x)
-        else:
-            ids = (torch.arange(T)[:, None] + torch.arange(K)[None, :]) % subset
-            weights = torch.full((T, K), 1.0 / K)
-        seconds = self.time(("experts", T, subset), lambda: lambda: expert_stage(self.shard, layer, x, ids, weights))
+        layer, K, key = self.moe_layer, self.cfg.top_k, ("experts", T, subset)
+        if key not in self._inputs:
+            x = self.randn(T, self.cfg.hidden_size)
+            if subset is None:
+                ids, weights = gate(self.cfg, self.side.layers[layer], x)
+            else:
+                ids = (torch.arange(T)[:, None] + torch.arange(K)[None, :]) % subset
+                weights = torch.full((T, K), 1.0 / K)
+            self._inputs[key] = x, ids, weights
+        x, ids, weights = self._inputs[key]
+        seconds = self.time(key, lambda: lambda: expert_stage(self.shard, layer, x, ids, weights))
         return seconds, ids.numel(), int(ids.unique().numel())
 
     def stage(self, chunks, is_moe: bool) -> float:
@@ -242,6 +252,20 @@ def profile_kernels(prof: KernelProfiler, sizes: Sizes, log=print) -> tuple[dict
     """Time and fit every op; `elementwise` is fitted to what each whole attention stage leaves over
     once its other ops (timed alone at the same shapes) are taken out. Also returns the stages as
     (label, chunks, is_moe, measured seconds) for the check."""
+    _samples(prof, sizes)                   # registers every kernel
+    log(f"  {len(prof._jobs)} kernels: projections, FFNs and the gate at T={list(sizes.tokens)}; attention at "
+        f"(n, ctx)={list(sizes.chunks)}; experts at T={list(sizes.expert_tokens)} and (T, experts)="
+        f"{list(sizes.expert_subsets)}; {len(sizes.stages)} whole attention stages")
+    prof.measure(sizes.repeats, log)
+    raw, stages = _samples(prof, sizes)
+    fits = {op: OpFit(fit([s[1:] for s in raw[op]]), raw[op]) for op in OP_NAMES if len(raw[op]) >= 3}
+    for op in OP_NAMES:      # a model without shared experts or dense layers: a GEMM rate stands in
+        fits.setdefault(op, OpFit(fits["attn_proj"].rate))
+    return fits, stages
+
+
+def _samples(prof: KernelProfiler, sizes: Sizes) -> tuple[dict[str, list], list]:
+    """{op: [(label, FLOPs, bytes, seconds)]} and the whole stages."""
     raw = {op: [] for op in OP_NAMES}
     ffn_ops = ["gate"] + ["shared_expert"] * bool(prof.cfg.n_shared_experts) \
         + ["dense_ffn"] * (prof.dense_layer is not None)
@@ -252,12 +276,9 @@ def profile_kernels(prof: KernelProfiler, sizes: Sizes, log=print) -> tuple[dict
     for n, ctx in sizes.chunks:
         raw["attn_core"].append((f"n={n} ctx={ctx}", *prof.attention_ops([(n, ctx)], True)["attn_core"],
                                  prof.attn_core(n, ctx)))
-    log(f"  timed projections, FFNs and the gate at T={list(sizes.tokens)}, attention at (n, ctx)="
-        f"{list(sizes.chunks)}")
     for T, subset in [(T, None) for T in sizes.expert_tokens] + list(sizes.expert_subsets):
         seconds, pairs, touched = prof.experts(T, subset)
         raw["experts"].append((f"T={T} experts={touched}", *prof.work_experts(pairs, touched), seconds))
-    log(f"  timed expert stages at T={list(sizes.expert_tokens)} and (T, experts)={list(sizes.expert_subsets)}")
     stages = []
     for chunks in sizes.stages:
         for is_moe in (True, False) if prof.dense_layer is not None else (True,):
@@ -266,11 +287,7 @@ def profile_kernels(prof: KernelProfiler, sizes: Sizes, log=print) -> tuple[dict
             stages.append((label, chunks, is_moe, measured))
             rest = max(measured - prof.named_parts(chunks, is_moe), 0.0)
             raw["elementwise"].append((label, *prof.attention_ops(chunks, is_moe)["elementwise"], rest))
-    log(f"  timed {len(stages)} whole attention stages")
-    fits = {op: OpFit(fit([s[1:] for s in raw[op]]), raw[op]) for op in OP_NAMES if len(raw[op]) >= 3}
-    for op in OP_NAMES:      # a model without shared experts or dense layers: a GEMM rate stands in
-        fits.setdefault(op, OpFit(fits["attn_proj"].rate))
-    return fits, stages
+    return raw, stages
 
 
 def stage_check(prof: KernelProfiler, fits: dict[str, OpFit], stages) -> list[tuple[str, float, float]]:
@@ -351,7 +368,7 @@ def profile(model="small-deepseek-v3", out: "str | Path | None" = None, threads:
     started = time.perf_counter()
     torch.set_num_threads(threads)
     log(f"asap profile: {model}, {threads} torch thread(s), float32")
-    prof = KernelProfiler(resolve_model(model), repeats=sizes.repeats)
+    prof = KernelProfiler(resolve_model(model))
     fits, stages = profile_kernels(prof, sizes, log)
     link_fit, link_report = measure_link(sizes.pings) if link else (Link(5e9, 5e9, 5e-5, 64), {"skipped": True})
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
