@@ -10,7 +10,7 @@ import sys
 COMMANDS = [
     "asap.model.cli",        # make-model
     "asap.bench.cli",        # demo, bench
-    "asap.engine.cli",       # run (prefill prompts with any engine)
+    "asap.workers.remote",   # expert-worker (remote experts under torchrun)
     "asap.scheduler.cli",    # plan, ablation
     "asap.sim.cli",          # sim, profile
     "asap.server.cli",       # serve

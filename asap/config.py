@@ -186,6 +186,9 @@ class RuntimeConfig:
     comm_timeout_s: float = _f(60.0, "a request fails if a peer does not answer within this time")
     threads_per_worker: int = _f(1, "torch intra-op threads per worker process")
     master_port: int = _f(0, "torch.distributed: TCP port (0 = pick a free one)")
+    master_addr: str = _f("127.0.0.1", "torch.distributed: address of the engine's host (rank 0)")
+    remote_experts: bool = _f(False, "async: expert workers are started elsewhere (`asap expert-worker` under "
+                                     "torchrun on another node), not by this engine")
 
     def __post_init__(self):
         for name in ("attention_workers", "expert_workers", "devices", "token_budget", "microbatches",
@@ -198,5 +201,7 @@ class RuntimeConfig:
             raise ValueError(f"compute must be real or emulated, got {self.compute!r}")
         if self.admission not in ("off", "reject", "demote"):
             raise ValueError(f"admission must be off, reject or demote, got {self.admission!r}")
+        if self.remote_experts and (self.transport == "shm" or not self.master_port):
+            raise ValueError("remote_experts needs transport gloo or nccl and a fixed master_port")
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")

@@ -91,6 +91,7 @@ class DistTransport(Transport):
         self._inbox: deque[Message] = deque()
         self._send_waiting = False   # a blocked send lets the inbox grow past max_pending
         self._closing = False
+        self.closed_peers: set[int] = set()   # peers that said goodbye
         self._error: BaseException | None = None
         self._outq = {p: queue.Queue(maxsize=spec.max_inflight) for p in self._peers()}
         self._threads = []
@@ -203,6 +204,9 @@ class DistTransport(Transport):
             dist.irecv(envelope, src, group=self._ctrl, tag=ENV_TAG).wait(_IDLE_WAIT)
             header, layout = unpack_envelope(envelope.numpy())
             if header is None:
+                with self._cv:
+                    self.closed_peers.add(src)
+                    self._cv.notify_all()
                 return                                   # the peer closed; nothing more will come
             tensors = []
             for dtype, shape in layout:

@@ -6,7 +6,7 @@ sync:  ranks [0, N) are replicas that also hold 1/N of the experts each.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asap.config import ModelConfig, RuntimeConfig
 from asap.scheduler.placement import Placement, balanced_placement, contiguous_placement
@@ -15,9 +15,10 @@ from asap.workers.main import WorkerSpec
 
 @dataclass
 class Layout:
-    specs: list[WorkerSpec]
+    specs: list[WorkerSpec]          # the workers this engine starts
     transport: object
     num_replicas: int
+    remote: list[WorkerSpec] = field(default_factory=list)   # started elsewhere (remote_experts)
 
 
 def free_port() -> int:
@@ -32,7 +33,7 @@ def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int):
         return ShmTransportSpec(world, ring_bytes=ring_bytes, pairs=pairs, send_timeout=rt.comm_timeout_s)
     from asap.comm import DistTransportSpec
     port = rt.master_port or free_port()
-    return DistTransportSpec(backend=rt.transport, init_method=f"tcp://127.0.0.1:{port}", world_size=world,
+    return DistTransportSpec(backend=rt.transport, init_method=f"tcp://{rt.master_addr}:{port}", world_size=world,
                              device="cuda" if rt.transport == "nccl" else "cpu")
 
 
@@ -83,6 +84,8 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
     if mode == "async":
         specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, **common) for a in range(A)]
         specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], **common) for e in range(E)]
+        if rt.remote_experts:      # the experts run elsewhere (asap/workers/remote.py); they join the same group
+            return Layout([s for s in specs if s.role == "attention"], transport, A, specs[A:])
     else:
         specs = [WorkerSpec("rank", i, i, transport=transport, expert_ids=shard[i], **common) for i in range(A)]
     return Layout(specs, transport, A)

@@ -50,18 +50,23 @@ def calibrate(model="deepseek-v3", hardware="h800", devices: int = 32, prompt_le
     return out
 
 
-def fit_op_rate(samples: list[tuple[float, float, float]]) -> OpRate:
+def fit_op_rate(samples: list[tuple[float, float, float]], weights=None) -> OpRate:
     """Fit time = overhead + max(flops / F, bytes / B) to measured (flops, bytes, seconds) samples.
 
     For `asap profile`: measure one op at several sizes, fit, and store the rates in a
     hardware JSON (asap.sim.hardware schema). Least squares on the sum form
-    overhead + flops/F + bytes/B with non-negative terms, which bounds the max form from above.
+    overhead + flops/F + bytes/B with non-negative terms, which bounds the max form from above
+    (OpRate(overlap=False) keeps the sum form). `weights` scale each sample's error
+    (1 / seconds: relative errors, so small samples count as much as large ones).
     """
     a = np.asarray(samples, dtype=float)
     if a.ndim != 2 or a.shape[1] != 3 or len(a) < 3:
         raise ValueError("need at least 3 (flops, bytes, seconds) samples")
     X = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]])
-    coef = _nnls(X, a[:, 2])
+    w = np.ones(len(a)) if weights is None else np.asarray(weights, dtype=float)
+    if w.shape != (len(a),) or not (w > 0).all():
+        raise ValueError("weights must be one positive number per sample")
+    coef = _nnls(X * w[:, None], a[:, 2] * w)
     tiny = 1e-30
     return OpRate(flops_per_s=1 / max(coef[1], tiny), bytes_per_s=1 / max(coef[2], tiny), overhead_s=coef[0])
 

@@ -40,13 +40,15 @@ def run_profile(args) -> int:
 
 def format_report(hw, report: dict) -> str:
     """Measured vs fitted per sample and per op, the whole-stage check, and the link."""
-    lines = [f"\n{'op':<14}{'sample':<40}{'measured ms':>12}{'fitted ms':>11}{'error':>8}"]
+    lines = [f"\n{'op':<14}{'sample':<40}{'measured ms':>12}{'fitted ms':>11}{'error':>8}",
+             "(elementwise: what a whole stage leaves over after its other ops; error as a share of that stage)"]
     for op, r in report["ops"].items():
         for s in r["samples"]:
-            err = f"{s['fitted_s'] / s['measured_s'] - 1:>+8.0%}" if s["measured_s"] > 0 else f"{'-':>8}"
+            err = f"{(s['fitted_s'] - s['measured_s']) / s['reference_s']:>+8.0%}"
             lines.append(f"{op:<14}{s['label'][:39]:<40}{s['measured_s'] * 1e3:>12.3f}{s['fitted_s'] * 1e3:>11.3f}{err}")
     lines.append(f"\n{'op':<14}{'GFLOP/s':>10}{'GB/s':>10}{'overhead us':>13}{'form':>6}{'error':>8}"
-                 "   (error: sum |fitted - measured| / sum measured)")
+                 "   (error: sum |fitted - measured| / sum measured;")
+    lines.append(f"{'':<61}elementwise: / sum of its whole stages)")
     for op, rate in hw.ops.items():
         e = report["ops"][op]["error"]
         lines.append(f"{op:<14}{_giga(rate.flops_per_s):>10}{_giga(rate.bytes_per_s):>10}{rate.overhead_s * 1e6:>13.1f}"

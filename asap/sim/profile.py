@@ -66,23 +66,25 @@ TINY = Sizes(tokens=(4, 16, 64), expert_tokens=(4, 16, 64), expert_subsets=((16,
 
 @dataclass
 class OpFit:
+    """An op's fitted rate and its samples (label, FLOPs, bytes, measured seconds, reference seconds):
+    the reference is the measured time itself, or for elementwise the whole stage it was left over from."""
     rate: OpRate
-    samples: list = field(default_factory=list)     # (label, flops, bytes, measured seconds)
+    samples: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, samples: list) -> "OpFit":
+        """fit_op_rate on relative errors (against each reference), kept in the sum form (overlap=False)
+        when it uses both the FLOP and the byte term: a CPU runs an op's kernels one after another."""
+        rate = fit_op_rate([s[1:4] for s in samples], weights=[1 / max(s[4], 1e-9) for s in samples])
+        return cls(replace(rate, overlap=not (rate.flops_per_s < UNUSED and rate.bytes_per_s < UNUSED)), samples)
 
     def fitted(self, flops: float, nbytes: float) -> float:
         return self.rate.seconds(flops, nbytes)
 
     def error(self) -> float:
-        """sum |fitted - measured| / sum measured: the share of the op's measured time the fit misses."""
-        return sum(abs(self.fitted(f, b) - s) for _, f, b, s in self.samples) / \
-            max(sum(s for *_, s in self.samples), 1e-12)
-
-
-def fit(samples: list[tuple[float, float, float]]) -> OpRate:
-    """fit_op_rate (least squares on overhead + flops/F + bytes/B), kept in that sum form
-    (overlap=False) when it uses both terms: a CPU runs an op's kernels one after another."""
-    rate = fit_op_rate(samples)
-    return replace(rate, overlap=not (rate.flops_per_s < UNUSED and rate.bytes_per_s < UNUSED))
+        """sum |fitted - measured| / sum reference: the share of the measured time the fit misses."""
+        return sum(abs(self.fitted(f, b) - s) for _, f, b, s, _ in self.samples) / \
+            max(sum(ref for *_, ref in self.samples), 1e-12)
 
 
 def _probe(cfg: ModelConfig, weight_bytes: float) -> tuple[CostModel, CostModel]:
@@ -258,7 +260,7 @@ def profile_kernels(prof: KernelProfiler, sizes: Sizes, log=print) -> tuple[dict
         f"{list(sizes.expert_subsets)}; {len(sizes.stages)} whole attention stages")
     prof.measure(sizes.repeats, log)
     raw, stages = _samples(prof, sizes)
-    fits = {op: OpFit(fit([s[1:] for s in raw[op]]), raw[op]) for op in OP_NAMES if len(raw[op]) >= 3}
+    fits = {op: OpFit.of(raw[op]) for op in OP_NAMES if len(raw[op]) >= 3}
     for op in OP_NAMES:      # a model without shared experts or dense layers: a GEMM rate stands in
         fits.setdefault(op, OpFit(fits["attn_proj"].rate))
     return fits, stages
@@ -270,15 +272,17 @@ def _samples(prof: KernelProfiler, sizes: Sizes) -> tuple[dict[str, list], list]
     ffn_ops = ["gate"] + ["shared_expert"] * bool(prof.cfg.n_shared_experts) \
         + ["dense_ffn"] * (prof.dense_layer is not None)
     for T in sizes.tokens:
-        raw["attn_proj"].append((f"T={T}", *prof.attention_ops([(T, 0)], True)["attn_proj"], prof.attn_proj(T)))
+        sec = prof.attn_proj(T)
+        raw["attn_proj"].append((f"T={T}", *prof.attention_ops([(T, 0)], True)["attn_proj"], sec, sec))
         for op in ffn_ops:
-            raw[op].append((f"T={T}", *prof.attention_ops([(T, 0)], op != "dense_ffn")[op], prof.ffn_op(op, T)))
+            sec = prof.ffn_op(op, T)
+            raw[op].append((f"T={T}", *prof.attention_ops([(T, 0)], op != "dense_ffn")[op], sec, sec))
     for n, ctx in sizes.chunks:
-        raw["attn_core"].append((f"n={n} ctx={ctx}", *prof.attention_ops([(n, ctx)], True)["attn_core"],
-                                 prof.attn_core(n, ctx)))
+        sec = prof.attn_core(n, ctx)
+        raw["attn_core"].append((f"n={n} ctx={ctx}", *prof.attention_ops([(n, ctx)], True)["attn_core"], sec, sec))
     for T, subset in [(T, None) for T in sizes.expert_tokens] + list(sizes.expert_subsets):
-        seconds, pairs, touched = prof.experts(T, subset)
-        raw["experts"].append((f"T={T} experts={touched}", *prof.work_experts(pairs, touched), seconds))
+        sec, pairs, touched = prof.experts(T, subset)
+        raw["experts"].append((f"T={T} experts={touched}", *prof.work_experts(pairs, touched), sec, sec))
     stages = []
     for chunks in sizes.stages:
         for is_moe in (True, False) if prof.dense_layer is not None else (True,):
@@ -286,7 +290,7 @@ def _samples(prof: KernelProfiler, sizes: Sizes) -> tuple[dict[str, list], list]
             label = f"{'moe' if is_moe else 'dense'} {list(chunks)}"
             stages.append((label, chunks, is_moe, measured))
             rest = max(measured - prof.named_parts(chunks, is_moe), 0.0)
-            raw["elementwise"].append((label, *prof.attention_ops(chunks, is_moe)["elementwise"], rest))
+            raw["elementwise"].append((label, *prof.attention_ops(chunks, is_moe)["elementwise"], rest, measured))
     return raw, stages
 
 
@@ -380,7 +384,8 @@ def profile(model="small-deepseek-v3", out: "str | Path | None" = None, threads:
     report = {
         "ops": {op: {"error": f.error() if f.samples else None,
                      "samples": [{"label": lbl, "flops": fl, "bytes": by, "measured_s": sec,
-                                  "fitted_s": f.fitted(fl, by)} for lbl, fl, by, sec in f.samples]}
+                                  "reference_s": ref, "fitted_s": f.fitted(fl, by)}
+                                 for lbl, fl, by, sec, ref in f.samples]}
                 for op, f in fits.items()},
         "stages": [{"label": lbl, "measured_s": m, "predicted_s": p} for lbl, m, p in stage_check(prof, fits, stages)],
         "link": link_report,

@@ -46,12 +46,13 @@ class WorkerContext:
         self.comm_timeout_s = spec.runtime.comm_timeout_s
         self._parent = parent_process()
         self._next_check = 0.0
+        self.finished = lambda: False    # a remote expert worker: set once every replica has closed
 
     def running(self) -> bool:
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + 0.2
-            if self._parent is not None and not self._parent.is_alive():
+            if (self._parent is not None and not self._parent.is_alive()) or self.finished():
                 self.stop.set()
         return not self.stop.is_set()
 
@@ -112,6 +113,9 @@ def worker_main(spec: WorkerSpec, control, results, stop):
         rt = spec.runtime
         compute = _compute(spec, attention=spec.role != "expert")
         transport = spec.transport.connect(spec.rank)
+        if rt.remote_experts and spec.role == "expert":
+            replicas = set(range(rt.attention_workers))
+            ctx.finished = lambda: replicas <= transport.closed_peers
         from asap.workers.destinations import Destinations
         dest = Destinations(spec.placement, spec.first_expert_rank)
         results.put(Ready(spec.rank, spec.role))
