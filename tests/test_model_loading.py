@@ -1,0 +1,70 @@
+"""Configs, presets, sliced loading, dtypes (issue: foundation, points 2, 3, 8, 9)."""
+import json
+
+import pytest
+import torch
+
+import asap
+from asap.config import ModelConfig
+from asap.model.loader import Checkpoint, load_attention_side, load_expert_shard
+from asap.model.presets import PRESETS
+
+
+def test_unknown_model_type_names_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match="deepseek_v3, qwen3_moe"):
+        ModelConfig.from_dir(tmp_path)
+
+
+def test_full_size_configs_have_the_published_parameter_counts():
+    assert ModelConfig.from_hf(PRESETS["deepseek-v3"]).num_params()["total"] / 1e9 == pytest.approx(671, abs=1)
+    q = ModelConfig.from_hf(PRESETS["qwen3-235b-a22b"])
+    assert q.num_params()["total"] / 1e9 == pytest.approx(235, abs=1)
+    assert all(q.moe_layers) and q.num_layers == 94
+
+
+def test_qwen3_sparse_step_and_mlp_only_layers():
+    cfg = ModelConfig.from_hf(dict(PRESETS["tiny-qwen3-moe"], num_hidden_layers=6, decoder_sparse_step=2,
+                                   mlp_only_layers=[3]))
+    assert cfg.moe_layers == (False, True, False, False, False, True)
+
+
+def test_slices_read_only_their_tensors(tiny_dirs, monkeypatch):
+    read = []
+    orig = Checkpoint.read
+    monkeypatch.setattr(Checkpoint, "read", lambda self, names, *a: (read.extend(names), orig(self, names, *a))[1])
+    shard = load_expert_shard(tiny_dirs["tiny-deepseek-v3"], [3, 1])
+    assert shard.expert_ids == {1: [1, 3], 2: [1, 3]}
+    assert all(".mlp.experts.1." in n or ".mlp.experts.3." in n for n in read)
+    read.clear()
+    side = load_attention_side(tiny_dirs["tiny-deepseek-v3"])
+    assert read and not any(".mlp.experts." in n for n in read)
+    assert "mlp.gate.weight" in side.layers[1] and "mlp.gate_up" in side.layers[0]
+
+
+def test_presets_are_real_hf_directories_with_several_shards(tiny_dirs, tmp_path):
+    from asap.model.materialize import materialize
+    out = materialize("tiny-qwen3-moe", tmp_path / "m", shard_bytes=100_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    with asap.LLM(str(out)) as a, asap.LLM("tiny-qwen3-moe") as b:    # same seed, same weights
+        assert torch.equal(a.prefill([[1, 2, 3]])[0].logits, b.prefill([[1, 2, 3]])[0].logits)
+
+
+def test_bfloat16_runs_and_stays_close_to_float32():
+    prompt = list(range(1, 200))
+    with asap.LLM("tiny-deepseek-v3", dtype="bfloat16") as b, asap.LLM("tiny-deepseek-v3") as f:
+        lb, lf = b.prefill([prompt])[0], f.prefill([prompt])[0]
+    assert lb.logits.dtype == torch.float32 and lb.kv[0]["kv_latent"].dtype == torch.bfloat16
+    assert (lb.logits - lf.logits).abs().max().item() < 0.1
+
+
+def test_reference_engine_rejects_bad_prompts_and_stays_usable():
+    with asap.LLM("tiny-deepseek-v3") as llm:
+        with pytest.raises(ValueError, match="prompt 2: empty"):
+            llm.prefill([[1], [2], []])
+        with pytest.raises(ValueError, match="dtype must be"):
+            asap.LLM("tiny-deepseek-v3", dtype="float8")
+        with pytest.raises(ValueError, match="unknown engine"):
+            asap.LLM("tiny-deepseek-v3", engine="fast")
+        assert len(llm.prefill([[1], [2]])) == 2
