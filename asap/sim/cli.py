@@ -20,7 +20,9 @@ def register(sub):
                                                "ASAP_CACHE defaulting to ~/.cache/asap)")
     q.add_argument("--threads", type=int, default=1,
                    help="torch threads, as RuntimeConfig.threads_per_worker (default: %(default)s)")
-    q.add_argument("--repeats", type=int, default=None, help="timed calls per sample, fastest kept (default: 3)")
+    q.add_argument("--repeats", type=int, default=None, help="timed rounds over every kernel (default: 4)")
+    q.add_argument("--statistic", choices=["min", "median"], default="min",
+                   help="per kernel: the fastest call (the machine unloaded) or the median (as loaded as now)")
     q.set_defaults(func=run_profile)
 
 
@@ -30,8 +32,10 @@ def run_profile(args) -> int:
     from asap.sim.profile import Sizes, profile
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     sizes = Sizes() if args.repeats is None else dataclasses.replace(Sizes(), repeats=args.repeats)
-    hw, report, path = profile(args.model, args.out, args.threads, sizes)
+    hw, report, path = profile(args.model, args.out, args.threads, sizes, args.statistic)
     print(format_report(hw, report))
     print(f"wrote {path} in {report['seconds']:.0f} s"
           + ("" if args.out else '; get_hardware("cpu") now loads it (calibrated)'))
@@ -45,7 +49,8 @@ def format_report(hw, report: dict) -> str:
     for op, r in report["ops"].items():
         for s in r["samples"]:
             err = f"{(s['fitted_s'] - s['measured_s']) / s['reference_s']:>+8.0%}"
-            lines.append(f"{op:<14}{s['label'][:39]:<40}{s['measured_s'] * 1e3:>12.3f}{s['fitted_s'] * 1e3:>11.3f}{err}")
+            lines.append(f"{op:<14}{s['label'][:39]:<40}{s['measured_s'] * 1e3:>12.3f}"
+                         f"{s['fitted_s'] * 1e3:>11.3f}{err}")
     lines.append(f"\n{'op':<14}{'GFLOP/s':>10}{'GB/s':>10}{'overhead us':>13}{'form':>6}{'error':>8}"
                  "   (error: sum |fitted - measured| / sum measured;")
     lines.append(f"{'':<61}elementwise: / sum of its whole stages)")

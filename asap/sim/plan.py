@@ -38,11 +38,10 @@ def workload_requests(kind: str = "trace", num_requests: int = 300, seed: int = 
                     with_prompts=False).build()
 
 
-def apply_slo(requests: list[Request], slo: str, model, hardware, devices: int, token_budget: int = 16384,
-              time_scale: float = 1.0) -> list[Request]:
+def apply_slo(requests: list[Request], slo: str, model, hardware, devices: int,
+              token_budget: int = 16384) -> list[Request]:
     """Deadlines from an SLO spec: "5x" = 5 x the idle sync TTFT of max(L, token_budget) tokens on
-    `devices` devices (asap.sim.experiments.with_slo), "10s" = a fixed 10 s TTFT budget.
-    `time_scale` multiplies the budgets (emulated runs dilate time)."""
+    `devices` devices (asap.sim.experiments.with_slo), "10s" = a fixed 10 s TTFT budget."""
     spec = slo.strip().lower()
     try:
         value = float(spec[:-1])
@@ -51,10 +50,8 @@ def apply_slo(requests: list[Request], slo: str, model, hardware, devices: int, 
     if value is None or value <= 0 or spec[-1] not in "xs":
         raise ValueError(f"--slo {slo!r}: expected e.g. 5x (x the idle sync TTFT) or 10s (a fixed TTFT budget)")
     if spec.endswith("x"):
-        out = with_slo(requests, value, token_budget, model=model, hardware=hardware, devices=devices)
-    else:
-        out = [dataclasses.replace(r, deadline=r.arrival + value, meta=dict(r.meta)) for r in requests]
-    return [dataclasses.replace(r, deadline=r.arrival + time_scale * (r.deadline - r.arrival)) for r in out]
+        return with_slo(requests, value, token_budget, model=model, hardware=hardware, devices=devices)
+    return [dataclasses.replace(r, deadline=r.arrival + value, meta=dict(r.meta)) for r in requests]
 
 
 def rate_measure(sim, requests, engine, model, hardware, devices, attention_workers=None, **sim_kw):

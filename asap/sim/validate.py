@@ -11,13 +11,18 @@ waits are d times longer; its arrivals are stretched by d and its TTFTs divided 
 runs share one clock. Errors are relative, (x - ref) / ref, on mean, P50 and P90 TTFT:
 SIMULATED vs EMULATED (does the simulator match the runtime it models?), SIMULATED vs REAL and
 EMULATED vs REAL (does the profile match this machine?). Targets: 10% on the mean, 15% on P90;
-they are reported, never enforced.
+they are reported, never enforced. Each runtime run also reports the machine's CPU use (its own
+and other processes') and how long its threads waited for a CPU: on a shared machine the REAL
+run's TTFTs grow with the neighbours' load, which no profile can foresee.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from asap.bench.metrics import summarize
@@ -62,17 +67,69 @@ def workload(model_cfg, hw: Hardware, num_requests: int, rate: float | None, uti
     return dataclasses.replace(base, rate=rate), rate
 
 
-def engine_results(model: str, runtime: RuntimeConfig, requests, dilation: float, progress: bool):
-    """Replay on a started runtime; with dilation d, arrivals x d in, TTFTs / d out."""
+def engine_results(model: str, runtime: RuntimeConfig, requests, dilation: float, progress: bool,
+                   machine: dict, label: str):
+    """Replay on a started runtime; with dilation d, arrivals x d in, TTFTs / d out. One prompt of the
+    longest length goes first, so first-call costs at full size (allocations, page faults) stay out.
+    The machine's CPU use during the replay goes into machine[label]."""
     from asap.bench.targets import EngineTarget
     target = EngineTarget("async", model, runtime, progress=progress)
     try:
+        target.prefill_seconds(max(r.num_tokens for r in requests))
         stretched = [dataclasses.replace(r, arrival=r.arrival * dilation, deadline=None) for r in requests]
-        results = target.run(stretched)
+        with cpu_use(machine, label):
+            results = target.run(stretched)
     finally:
         target.close()
     return [dataclasses.replace(r, arrival=r.arrival / dilation, ttft=None if r.ttft is None else r.ttft / dilation)
             for r in results]
+
+
+@contextmanager
+def cpu_use(into: dict, label: str):
+    """While a run lasts: the whole machine's mean busy cores (/proc/stat), this process tree's (the
+    engine and its workers), and the seconds the tree's threads sat runnable waiting for a CPU
+    (/proc/*/task/*/schedstat). A REAL run on a shared machine is only as fast as the neighbours allow."""
+    machine, (cpu, wait), t0 = _machine_ticks(), _tree_schedstat(), time.monotonic()
+    yield
+    machine2, (cpu2, wait2), wall = _machine_ticks(), _tree_schedstat(), time.monotonic() - t0
+    if machine and machine2 and wall > 0:
+        d = [b - a for a, b in zip(machine, machine2)]
+        busy = (sum(d) - d[3] - d[4]) / max(sum(d), 1) * (os.cpu_count() or 1)
+        into[label] = {"cpus": os.cpu_count(), "wall_s": wall, "busy_cores": busy, "our_cores": (cpu2 - cpu) / wall,
+                       "others_cores": busy - (cpu2 - cpu) / wall, "our_runqueue_wait_s": wait2 - wait}
+
+
+def _machine_ticks() -> list[int] | None:
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _tree_schedstat() -> tuple[float, float]:
+    """(CPU seconds, seconds runnable but waiting for a CPU) of this process and every live descendant
+    (the runtime's workers), summed over their threads."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        try:
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grew = {os.getpid()}, True
+    while grew:
+        new = {pid for pid, ppid in parent.items() if ppid in tree and pid not in tree}
+        tree |= new
+        grew = bool(new)
+    cpu = wait = 0.0
+    for pid in tree:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                run_ns, wait_ns, _ = (int(x) for x in (task / "schedstat").read_text().split())
+            except (OSError, ValueError):
+                continue
+            cpu, wait = cpu + run_ns / 1e9, wait + wait_ns / 1e9
+    return cpu, wait
 
 
 def errors(summaries: dict[str, dict]) -> dict[str, dict]:
@@ -98,6 +155,8 @@ def validate(model: str = "small-deepseek-v3", num_requests: int = 24, rate: flo
              progress: bool = True, log=print) -> dict:
     """Run the workload EMULATED, SIMULATED and (unless real=False) REAL; summaries and errors."""
     from asap.bench.targets import model_config, sim_target
+    if rate is None and not utilization > 0:
+        raise ValueError(f"utilization must be > 0, got {utilization}")
     path = profile_path(hardware)
     hw = get_hardware(path)
     log(f"hardware profile: {path} ({'calibrated' if hw.calibrated else 'UNCALIBRATED'}; {hw.source})")
@@ -109,7 +168,7 @@ def validate(model: str = "small-deepseek-v3", num_requests: int = 24, rate: flo
     wl, rate = workload(cfg, hw, num_requests, rate, utilization, min_tokens, max_tokens, seed,
                         attention_workers, expert_workers)
     requests = wl.build()
-    setting = {"model": model, "engine": "async", "attention_workers": attention_workers,
+    setting = {"model": str(model), "engine": "async", "attention_workers": attention_workers,
                "expert_workers": expert_workers, "devices": devices, "token_budget": token_budget,
                "microbatches": microbatches, "dilation": dilation, "threads_per_worker": threads,
                "hardware": str(path), "hardware_calibrated": hw.calibrated, "num_requests": len(requests),
@@ -118,14 +177,15 @@ def validate(model: str = "small-deepseek-v3", num_requests: int = 24, rate: flo
         f"{min_tokens}..{max_tokens} (seed {seed}); async {attention_workers} attention + {expert_workers} expert "
         f"worker(s), token_budget {token_budget}, {microbatches} micro-batches, dilation {dilation:g}")
     results = {"SIMULATED": sim_target("async", model, runtime, devices).run(requests)}
+    machine = {}
     log("SIMULATED done; running EMULATED")
-    results["EMULATED"] = engine_results(model, runtime, requests, dilation, progress)
+    results["EMULATED"] = engine_results(model, runtime, requests, dilation, progress, machine, "EMULATED")
     if real:
         log("EMULATED done; running REAL")
         results["REAL"] = engine_results(model, dataclasses.replace(runtime, compute="real", dilation=1.0),
-                                         requests, 1.0, progress)
+                                         requests, 1.0, progress, machine, "REAL")
     summaries = {label: summarize(results[label]) for label in LABELS if label in results}
-    return {"setting": setting, "summaries": summaries, "errors": errors(summaries),
+    return {"setting": setting, "summaries": summaries, "errors": errors(summaries), "machine": machine,
             "targets": {s: f"|error| <= {b:.0%}" for s, b in TARGETS.items()},
             "ttft_s": {label: [r.ttft for r in res] for label, res in results.items()}}
 
@@ -134,6 +194,10 @@ def report(out: dict) -> str:
     lines = [f"{'':<12}{'mean ms':>10}{'P50 ms':>10}{'P90 ms':>10}{'failed':>8}"]
     for label, s in out["summaries"].items():
         lines.append(f"{label:<12}" + "".join(_ms(s[k]) for k in STATS) + f"{s['num_failed']:>8}")
+    for label, m in out.get("machine", {}).items():
+        lines.append(f"{label} run ({m['wall_s']:.0f} s): {m['busy_cores']:.2f} of the machine's {m['cpus']} cpus busy "
+                     f"on average, {m['our_cores']:.2f} by this run, {m['others_cores']:.2f} by other processes; "
+                     f"this run's threads waited {m['our_runqueue_wait_s']:.1f} s for a cpu")
     lines.append(f"\n{'error':<24}{'mean':>8}{'P50':>8}{'P90':>8}   target: mean within 10%, P90 within 15%")
     for pair, e in out["errors"].items():
         lines.append(f"{pair:<24}" + "".join(_pct(e[k]) for k in STATS) + ("   met" if e["met"] else "   NOT met"))

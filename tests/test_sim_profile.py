@@ -1,0 +1,81 @@
+"""`asap profile`: fits reproduce the samples they came from, and the profile it writes is what
+get_hardware("cpu") loads from then on."""
+import argparse
+import json
+
+import pytest
+
+from asap.config import ModelConfig
+from asap.model.presets import preset_config
+from asap.sim.calibrate import fit_op_rate
+from asap.sim.cost import CostModel
+from asap.sim.hardware import OP_NAMES, PROFILE_DIR, OpRate, cpu_profile_path, from_json, get_hardware
+from asap.sim.profile import TINY, OpFit, profile
+
+
+def _samples(rate: OpRate, sizes=(1e6, 1e7, 1e8, 1e9)):
+    # FLOPs and bytes grow at different paces, so both terms are identifiable
+    return [(f"s{i}", f, 3e5 * f ** 0.5, rate.seconds(f, 3e5 * f ** 0.5), rate.seconds(f, 3e5 * f ** 0.5))
+            for i, f in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("true", [OpRate(5e10, 2e9, 2e-4, overlap=False), OpRate(8e10, 1e30, 5e-5)])
+def test_fit_reproduces_synthetic_samples(true):
+    fit = OpFit.of(_samples(true))
+    assert fit.rate.overlap == true.overlap             # the sum form is kept only when both terms count
+    assert fit.error() < 1e-6
+    for _, f, b, s, _ in _samples(true, sizes=(3e6, 3e8)):      # also between and beyond the samples
+        assert fit.fitted(f, b) == pytest.approx(s, rel=1e-6)
+
+
+def test_fit_op_rate_weights_are_checked():
+    samples = [(1e6, 1.0, 1e-3), (2e6, 1.0, 2e-3), (4e6, 1.0, 4e-3)]
+    assert fit_op_rate(samples, weights=[1e3, 5e2, 2.5e2]).flops_per_s == pytest.approx(1e9, rel=1e-6)
+    with pytest.raises(ValueError, match="weights"):
+        fit_op_rate(samples, weights=[1.0, 0.0, 1.0])
+
+
+def test_sum_form_survives_json_and_the_cost_model():
+    hw = get_hardware(PROFILE_DIR / "cpu.json")
+    d = hw.to_json()
+    d["ops"]["attn_core"]["overlap"] = False
+    loaded = from_json(json.loads(json.dumps(d)))
+    cost = CostModel(ModelConfig.from_hf(preset_config("tiny-deepseek-v3")), loaded)
+    r = cost.rates["attn_core"]
+    assert not r.overlap and r.seconds(1e9, 1e9) == pytest.approx(r.overhead_s + 1e9 / r.flops_per_s
+                                                                    + 1e9 / r.bytes_per_s)
+
+
+def test_profile_writes_the_cpu_profile_get_hardware_loads(tmp_path, monkeypatch, tiny_dirs):
+    monkeypatch.setenv("ASAP_CACHE", str(tmp_path))
+    shipped = get_hardware("cpu")
+    assert cpu_profile_path() == PROFILE_DIR / "cpu.json" and not shipped.calibrated
+    hw, report, path = profile(tiny_dirs["tiny-deepseek-v3"], sizes=TINY, log=lambda *a: None)
+    assert path == tmp_path / "profiles" / "cpu.json" == cpu_profile_path()
+    loaded = get_hardware("cpu")
+    assert loaded.calibrated and "asap profile" in loaded.source
+    assert loaded.ops == hw.ops and loaded.link == hw.link
+    assert loaded.weight_bytes == 4 and loaded.gemm_tile_m == 1          # float32 weights, no GEMM tiles on CPU
+    assert set(report["ops"]) == set(OP_NAMES)
+    for op in OP_NAMES:
+        for s in report["ops"][op]["samples"]:
+            assert s["measured_s"] >= 0 and s["fitted_s"] == pytest.approx(loaded.ops[op].seconds(s["flops"],
+                                                                                                  s["bytes"]))
+    assert report["stages"] and all(s["measured_s"] > 0 and s["predicted_s"] > 0 for s in report["stages"])
+    assert 0 < loaded.link.latency_s < 1 and loaded.link.intra_bytes_per_s > 0
+
+
+def test_profile_cli_rejects_bad_threads(capsys):
+    from asap.cli import main
+    assert main(["profile", "--threads", "0"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
+
+
+def test_sim_cli_offers_every_simulator_command():
+    from asap.sim.cli import register
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="command"))
+    for cmd in ("headline", "calibrate", "speed", "trace", "validate"):
+        assert p.parse_args(["sim", cmd]).cmd == cmd
+    a = p.parse_args(["profile", "--model", "tiny-deepseek-v3", "--out", "x.json", "--statistic", "median"])
+    assert (a.model, a.out, a.threads, a.statistic) == ("tiny-deepseek-v3", "x.json", 1, "median")
