@@ -28,7 +28,11 @@ from asap.bench.rate_search import find_max_rate
 from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.expert_select import make_selector
 from asap.scheduler.router import QueueAwareRouter, make_router
+from asap.sim.cost import CostModel
 from asap.sim.experiments import TRACE, at_rate
+from asap.sim.hardware import get_hardware
+from asap.sim.plan import apply_slo, start_rate, unbounded, workload_requests
+from asap.sim.run import balanced_split, get_model, run
 
 
 @dataclass(frozen=True)
@@ -98,12 +102,12 @@ class Settings:
     num_requests: int = 300
     seed: int = 0                      # arrivals (poisson, gamma) and the Zipf expert skew
     slo: str = "5x"                    # asap.sim.plan.apply_slo
-    max_prompt: int | None = None      # clip prompt lengths
+    max_prompt: int | None = 32768     # clip prompt lengths (the trace's tail reaches 126K tokens)
     length_scale: float = 1.0
     zipf: float = 1.0                  # sim: expert popularity skew (0 = uniform); the runtime routes uniformly
     redundant: int = 32                # extra expert copies per layer when on (rounded up to fill equal slots)
     window_ms: float = 1.0             # aggregation window when on
-    admission_slack: float = 1.0
+    admission_slack: float = 2.0
     token_budget: int = 16384
     target: float = 0.9
     tolerance: float = 0.05
@@ -119,7 +123,7 @@ class Settings:
 
 SIM = Settings()
 EMULATED = Settings(backend="emulated", model="small-deepseek-v3", hardware="h800", devices=4, attention_workers=2,
-                    num_requests=24, max_prompt=4096, length_scale=0.25, zipf=0.0, redundant=2, window_ms=2.0,
+                    workload="poisson", num_requests=24, max_prompt=4096, length_scale=0.25, zipf=0.0, redundant=2, window_ms=2.0,
                     token_budget=2048, tolerance=0.25, max_iters=5, dilation=50.0)
 
 
@@ -173,23 +177,18 @@ def runtime_config(p: Policies, engine: str, s: Settings, attention_workers: int
 
 
 def requests_for(s: Settings) -> list:
-    """The workload with deadlines (budgets x dilation when emulated)."""
-    from asap.sim.plan import apply_slo, workload_requests
+    """The workload with deadlines, in hardware time (an emulated target dilates it itself)."""
     reqs = workload_requests(s.workload, s.num_requests, s.seed, s.trace)
     if s.max_prompt is not None or s.length_scale != 1.0:
         reqs = [dataclasses.replace(r, num_tokens=max(16, min(round(r.num_tokens * s.length_scale),
-                                                              s.max_prompt or 1 << 62))) for r in reqs]
-    return apply_slo(reqs, s.slo, s.model, s.hardware, s.devices, s.token_budget,
-                     time_scale=s.dilation if s.backend == "emulated" else 1.0)
+                                                              s.max_prompt or r.num_tokens))) for r in reqs]
+    return apply_slo(reqs, s.slo, s.model, s.hardware, s.devices, s.token_budget)
 
 
 class SimBackend:
     label = "SIMULATED"
 
     def __init__(self, s: Settings, requests, sim=None):
-        from asap.sim.cost import CostModel
-        from asap.sim.hardware import get_hardware
-        from asap.sim.run import balanced_split, get_model, run
         self.s, self.sim = s, sim or run
         self.cost = CostModel(get_model(s.model), get_hardware(s.hardware))
         prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
@@ -208,7 +207,6 @@ class SimBackend:
         return measure, lambda: None
 
     def start_rate(self, requests) -> float:
-        from asap.sim.plan import start_rate
         return start_rate(self.sim, requests, "async", self.s.model, self.s.hardware, self.s.devices,
                           self.attention_workers, token_budget=self.s.token_budget)
 
@@ -229,7 +227,7 @@ class EmulatedBackend:
         return target.run, target.close
 
     def start_rate(self, requests) -> float:
-        return self.sim_backend.start_rate(requests) / self.s.dilation
+        return self.sim_backend.start_rate(requests)
 
 
 def ablation(s: Settings = SIM, leave_one_out: bool = False, sim=None, log=None) -> dict:
@@ -261,7 +259,7 @@ def ablation(s: Settings = SIM, leave_one_out: bool = False, sim=None, log=None)
         out[c.name] = {"name": c.name, "label": c.label, "engine": c.engine,
                        "policies": dataclasses.asdict(c.policies), "max_slo_rate": rate,
                        "tokens_per_s_per_device": rate * tokens_per_request / s.devices,
-                       "converged": found["converged"], "ref_rate": ref,
+                       "converged": found["converged"], "unbounded": unbounded(found), "ref_rate": ref,
                        "ttft_p90_ms_at_ref": at_ref["ttft_p90_ms"], "attainment_at_ref": at_ref["slo_attainment"],
                        "points": [{"rate": r, "slo_attainment": m["slo_attainment"], "ttft_p90_ms": m["ttft_p90_ms"]}
                                   for r, m in found["points"]]}
@@ -278,7 +276,7 @@ def ablation(s: Settings = SIM, leave_one_out: bool = False, sim=None, log=None)
 
 
 ROW_KEYS = ("name", "label", "engine", "policies", "max_slo_rate", "tokens_per_s_per_device", "converged",
-            "ref_rate", "ttft_p90_ms_at_ref", "attainment_at_ref", "points", "vs_plain")
+            "unbounded", "ref_rate", "ttft_p90_ms_at_ref", "attainment_at_ref", "points", "vs_plain")
 
 
 def _cell(x, fmt: str) -> str:
@@ -299,7 +297,8 @@ def format_ablation(res: dict) -> str:
     lines.insert(1, "-" * len(lines[0]))
     emulated = s["backend"] == "emulated"
     label = res["label"]
-    what = (f"real worker processes, compute = cost-model waits x{s['dilation']:g} on {s['hardware']}" if emulated
+    what = (f"real worker processes, compute = cost-model waits on {s['hardware']} run x{s['dilation']:g} slower "
+            f"(rates and TTFTs below are wall clock / {s['dilation']:g})" if emulated
             else f"discrete-event simulator on {s['hardware']}")
     notes = [f"[{label}] asap ablation: {s['model']}, {what}; sync {s['devices']} ranks, async "
              f"A={res['attention_workers']} + E={res['expert_workers']}",
@@ -314,6 +313,9 @@ def format_ablation(res: dict) -> str:
              f"{s['tolerance']:.0%}; * = search not converged); P90 TTFT and attainment at {ref:.3g} req/s"
              + (" (given)" if s["ref_rate"] else " (the plain async row's SLO rate)"),
              *lines, f"({label}; {res['wall_s']:.0f} s)"]
+    if any(r["unbounded"] for r in res["rows"]):
+        notes.append("WARNING: a row met the SLO at every rate tried (its requests drain within the SLO even "
+                     "arriving at once): its SLO rate is unbounded; use more requests or a tighter SLO")
     return "\n".join(notes)
 
 

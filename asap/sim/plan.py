@@ -69,6 +69,11 @@ def start_rate(sim, requests, engine, model, hardware, devices, attention_worker
     return 0.5 * len(sample) / max(r.ttft for r in res.results)
 
 
+def unbounded(found: dict) -> bool:
+    """A rate search that never failed: the requests drain within their SLO even arriving all at once."""
+    return not found["converged"] and all(s["slo_attainment"] >= found["target"] for _, s in found["points"])
+
+
 @dataclass
 class Candidate:
     attention_workers: int
@@ -120,6 +125,9 @@ def plan(requests: list[Request], devices: int, model="deepseek-v3", hardware="c
         return find_max_rate(rate_measure(*common, a, **sim_kw), target=target, lo=lo, tol=tol)
 
     searched = {a0: search(a0, start_rate(*common, a0, **sim_kw))}
+    if unbounded(searched[a0]):
+        raise ValueError(f"{len(requests)} requests meet their SLO even at {searched[a0]['max_slo_rate']:.3g} req/s "
+                         f"on A={a0}: the SLO-compliant rate is unbounded; use more requests or a tighter SLO")
     ref = searched[a0]["max_slo_rate"] or min(rate for rate, _ in searched[a0]["points"])
     candidates = []
     for a in range(1, devices - e_min + 1):
@@ -168,7 +176,8 @@ def format_plan(p: Plan) -> str:
     for c in p.candidates:
         note = ", ".join(n for n, on in (("analytic", c.analytic), ("RECOMMENDED", c is p.best)) if on)
         rows.append([str(c.attention_workers), str(c.expert_workers), f"{c.attainment_at_ref:.2f}",
-                     _cell(c.ttft_p90_ms_at_ref, ".0f"), _cell(c.max_slo_rate, ".3f"),
+                     _cell(c.ttft_p90_ms_at_ref, ".0f"), _cell(c.max_slo_rate, ".3f") + ("*" if c.converged is False
+                                                                                         else ""),
                      _cell(c.tokens_per_s_per_device, ".0f"), note])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
@@ -176,11 +185,15 @@ def format_plan(p: Plan) -> str:
     b = p.best
     out = [f"[SIMULATED] asap plan: {p.model} on {p.devices} x {p.hardware}, {p.num_requests} requests; "
            f"SLO-compliant throughput = max rate with >= {p.settings['target_attainment']:.0%} of requests "
-           f"within their TTFT SLO (searched to {p.settings['tolerance']:.0%}; '-' = screened only)",
+           f"within their TTFT SLO (searched to {p.settings['tolerance']:.0%}; '-' = screened only; * = search did "
+           f"not converge)",
            *lines]
     if p.sync is not None:
         out.append(f"sync DP+EP on {p.devices} ranks (for comparison): {p.sync['max_slo_rate']:.3f} req/s, "
                    f"{p.sync['tokens_per_s_per_device']:.0f} tok/s/device")
+    if not b.max_slo_rate:
+        out.append("no split met the SLO target at any rate tried (SIMULATED): loosen --slo")
+        return "\n".join(out)
     out.append(f"recommendation (SIMULATED): A={b.attention_workers} attention + E={b.expert_workers} expert "
                f"workers: {b.max_slo_rate:.3f} req/s SLO-compliant, P90 TTFT "
                f"{_cell(b.ttft_p90_ms_at_ref, '.0f')} ms at {p.ref_rate:.3g} req/s")

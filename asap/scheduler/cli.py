@@ -1,0 +1,115 @@
+r"""`asap plan` (A:E for N devices) and `asap ablation` (each policy on and off).
+
+    asap plan --devices 32 --model deepseek-v3 --hardware cloudmatrix384 --workload trace --slo 5x
+    asap ablation --json out/ablation.json                       # SIMULATED, DeepSeek-V3, 32 devices
+    asap ablation --backend emulated --json out/ablation_emulated.json   # EMULATED, small, a few minutes
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub):
+    from asap.sim.plan import WORKLOADS
+    p = sub.add_parser("plan", help="recommend attention:expert workers for N devices (SIMULATED)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, required=True, help="devices to split into A attention + E expert")
+    p.add_argument("--model", default="deepseek-v3", help="preset name or HF config.json directory")
+    p.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (built-in name or .json)")
+    _workload_flags(p, WORKLOADS, num_requests=300, max_prompt=None)
+    p.add_argument("--check", type=int, default=3, help="rate-search this many best screened candidates (0 = all)")
+    p.add_argument("--tolerance", type=float, default=0.1, help="relative width of the final rate bracket")
+    p.add_argument("--target-attainment", type=float, default=0.9)
+    p.add_argument("--token-budget", type=int, default=16384, help="prompt tokens per replica step")
+    p.add_argument("--zipf", type=float, default=0.0, help="expert popularity skew (0 = uniform)")
+    p.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True,
+                   help="also search the sync engine on the same devices, for comparison")
+    p.add_argument("--json", help="write the plan here")
+    p.set_defaults(func=run_plan)
+
+    from asap.bench.ablation import EMULATED, SIM
+    a = sub.add_parser("ablation", help="each scheduling optimization on and off, and the sync baseline",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--backend", choices=["sim", "emulated"], default="sim",
+                   help="sim: discrete-event simulator (SIMULATED); emulated: real processes, compute emulated")
+    a.add_argument("--leave-one-out", action="store_true", help="also rows 'all on minus one optimization'")
+    a.add_argument("--json", help="write the table's rows and settings here")
+    g = a.add_argument_group("settings (defaults: sim / emulated)")
+
+    def flag(name, typ, help):
+        d = (getattr(SIM, name), getattr(EMULATED, name))
+        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
+                       help=f"{help} (default {d[0]} / {d[1]})")
+    flag("model", str, "preset name")
+    flag("hardware", str, "hardware profile (sim cost model; emulated cost table)")
+    flag("devices", int, "sync ranks = async A + E")
+    flag("attention_workers", int, "async A (sim None: the cost model's balance)")
+    flag("workload", str, f"arrivals: {', '.join(WORKLOADS)} (lengths from the Mooncake trace)")
+    flag("num_requests", int, "the trace's first N requests")
+    flag("seed", int, "arrivals and expert skew")
+    flag("slo", str, "TTFT SLO: 5x (x idle sync TTFT) or 10s")
+    flag("max_prompt", int, "clip prompt lengths (0 = no clip)")
+    flag("length_scale", float, "multiply prompt lengths")
+    flag("zipf", float, "sim: expert popularity skew")
+    flag("redundant", int, "extra expert copies per layer when redundant experts are on")
+    flag("window_ms", float, "aggregation window when on")
+    flag("admission_slack", float, "admission demotes past slack x the TTFT budget")
+    flag("token_budget", int, "prompt tokens per replica step")
+    flag("tolerance", float, "rate search: relative bracket width")
+    flag("max_iters", int, "rate search: most runs per row")
+    flag("ref_rate", float, "req/s for the P90 TTFT column (default: the plain async row's SLO rate)")
+    flag("dilation", float, "emulated: op time multiplier")
+    flag("trace", str, "Mooncake .jsonl trace")
+    a.set_defaults(func=run_ablation)
+
+
+def _workload_flags(p, workloads, num_requests: int, max_prompt):
+    from asap.sim.experiments import TRACE
+    p.add_argument("--workload", choices=workloads, default="trace",
+                   help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
+    p.add_argument("--num-requests", type=int, default=num_requests, help="the trace's first N requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", default="5x", help="TTFT SLO: 5x (x the idle sync TTFT of max(L, budget)) or 10s")
+    p.add_argument("--max-prompt", type=int, default=max_prompt, help="clip prompt lengths")
+    p.add_argument("--trace", default=str(TRACE), help="Mooncake .jsonl trace")
+
+
+def run_plan(args) -> int:
+    from asap.sim.plan import apply_slo, format_plan, plan, workload_requests
+    reqs = workload_requests(args.workload, args.num_requests, args.seed, args.trace)
+    if args.max_prompt:
+        reqs = [dataclasses.replace(r, num_tokens=min(r.num_tokens, args.max_prompt)) for r in reqs]
+    reqs = apply_slo(reqs, args.slo, args.model, args.hardware, args.devices, args.token_budget)
+    p = plan(reqs, args.devices, args.model, args.hardware, check=args.check, target=args.target_attainment,
+             tol=args.tolerance, with_sync=args.sync, token_budget=args.token_budget, zipf=args.zipf,
+             seed=args.seed)
+    p.settings.update(workload=args.workload, slo=args.slo, max_prompt=args.max_prompt, trace=args.trace)
+    print(format_plan(p))
+    if args.json:
+        _write(args.json, p.to_dict())
+    return 0
+
+
+def run_ablation(args) -> int:
+    from asap.bench.ablation import EMULATED, SIM, Settings, ablation, format_ablation
+    base = SIM if args.backend == "sim" else EMULATED
+    names = {f.name for f in dataclasses.fields(Settings)} - {"backend"}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if given.get("max_prompt") == 0:
+        given["max_prompt"] = None
+    settings = dataclasses.replace(base, **given)
+    res = ablation(settings, args.leave_one_out, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_ablation(res))
+    if args.json:
+        _write(args.json, res)
+    return 0
+
+
+def _write(path, data) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}")

@@ -1,0 +1,77 @@
+"""`asap plan`: the A:E recommendation is the candidate with the highest SLO-compliant throughput,
+every feasible split is listed, and the figures are labelled SIMULATED."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from asap.bench.metrics import RequestResult
+from asap.cli import main
+from asap.scheduler.request import Request
+from asap.sim.plan import apply_slo, plan
+
+# DeepSeek-V3 on 16 CloudMatrix dies: experts need >= 12 dies, so A is 1..4.
+CAPACITY = {1: 1.0, 2: 4.0, 3: 3.0, 4: 2.0}      # req/s each split sustains, in a stand-in simulator
+
+
+def fake_sim(requests, engine, model, hardware, devices, attention_workers=None, **kw):
+    """TTFT grows with load / capacity; a request meets its 1 s budget while rate <= capacity."""
+    cap = CAPACITY[attention_workers] if engine == "async" else 0.5
+    span = requests[-1].arrival - requests[0].arrival
+    ttft = len(requests) / cap if span == 0 else 0.9 * (len(requests) - 1) / span / cap
+    return SimpleNamespace(results=[RequestResult.of(r, ttft) for r in requests])
+
+
+def requests(n=20):
+    return [Request(i, 1000, float(i), deadline=float(i) + 1.0) for i in range(n)]
+
+
+@pytest.mark.parametrize("check", [0, 1])
+def test_plan_recommends_the_split_with_the_highest_slo_rate_and_lists_every_split(check):
+    p = plan(requests(), 16, "deepseek-v3", "cloudmatrix384", check=check, tol=0.02, sim=fake_sim)
+    assert [(c.attention_workers, c.expert_workers) for c in p.candidates] == [(1, 15), (2, 14), (3, 13), (4, 12)]
+    assert p.best.attention_workers == 2                    # the screen at the reference rate finds it too
+    assert p.best.max_slo_rate == pytest.approx(CAPACITY[2] / 0.9, rel=0.03)
+    searched = [c for c in p.candidates if c.max_slo_rate is not None]
+    analytic = {c.attention_workers for c in p.candidates if c.analytic}
+    assert {c.attention_workers for c in searched} == ({1, 2, 3, 4} if check == 0 else {2} | analytic)
+    assert all(p.best.max_slo_rate >= c.max_slo_rate for c in searched)
+    assert sum(c.analytic for c in p.candidates) == 1
+    assert p.sync["max_slo_rate"] == pytest.approx(0.5 / 0.9, rel=0.03)
+
+
+def test_plan_needs_deadlines_and_enough_devices_for_the_experts():
+    with pytest.raises(ValueError, match="deadlines"):
+        plan([Request(0, 100)], 16, sim=fake_sim)
+    with pytest.raises(ValueError, match="expert workers"):
+        plan(requests(), 8, "deepseek-v3", "cloudmatrix384", sim=fake_sim)
+
+
+def test_plan_refuses_a_workload_that_meets_its_slo_at_any_rate():
+    def always_in_time(requests, *args, **kw):
+        return SimpleNamespace(results=[RequestResult.of(r, 0.1) for r in requests])
+    with pytest.raises(ValueError, match="unbounded"):
+        plan(requests(), 16, "deepseek-v3", "cloudmatrix384", sim=always_in_time)
+
+
+def test_slo_spec_is_a_multiple_of_the_idle_sync_ttft_or_seconds():
+    fixed = apply_slo(requests(3), "10s", "small-deepseek-v3", "h800", 4)
+    assert [r.deadline - r.arrival for r in fixed] == [10.0] * 3
+    five, ten = (apply_slo(requests(3), spec, "small-deepseek-v3", "h800", 4) for spec in ("5x", "10x"))
+    assert ten[0].deadline - ten[0].arrival == pytest.approx(2 * (five[0].deadline - five[0].arrival))
+    for bad in ("5", "x", "-1s", "fast"):
+        with pytest.raises(ValueError, match="--slo"):
+            apply_slo(requests(3), bad, "small-deepseek-v3", "h800", 4)
+
+
+def test_plan_cli_prints_a_simulated_table_and_writes_every_candidate(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--devices", "4", "--model", "small-deepseek-v3", "--hardware", "h800",
+                 "--workload", "poisson", "--num-requests", "30", "--slo", "1x", "--max-prompt", "4096",
+                 "--token-budget", "4096", "--check", "0",
+                 "--no-sync", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text and "recommendation" in text
+    data = json.loads(out.read_text())
+    assert [c["attention_workers"] for c in data["candidates"]] == [1, 2, 3]
+    assert data["best"]["max_slo_rate"] == max(c["max_slo_rate"] for c in data["candidates"])
