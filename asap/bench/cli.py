@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from asap.bench.metrics import RequestResult, summarize
 from asap.bench.rate_search import find_max_rate
-from asap.bench.report import format_table, run_record, write_chrome_trace, write_json
+from asap.bench.report import format_table, run_record, text_table, write_chrome_trace, write_json
 from asap.bench.targets import TARGETS, close_target, default_trace, make_target, model_config, needs_prompts
 from asap.config import RuntimeConfig
 from asap.workload import Constant, Fixed, Gamma, LogNormal, Poisson, Uniform, Workload
@@ -191,11 +191,7 @@ def format_workers(records: list[dict]) -> str:
             f = r.get("workers", {}).get(w)
             cells.append("-" if f is None else "/".join(f"{100 * f[k]:.0f}" for k in ("compute", "stall", "idle")))
         rows.append([w] + cells)
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(wd) if i == 0 else c.rjust(wd) for i, (c, wd) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return "\n".join(text_table(rows))
 
 
 def notes(records: list[dict]) -> list[str]:

@@ -46,16 +46,27 @@ def _fmt(value) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
 
+def cell(value, fmt: str) -> str:
+    """`value` formatted with `fmt`, or "-" when there is none."""
+    return "-" if value is None else format(value, fmt)
+
+
+def text_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]:
+    """Lines of a plain-text table: the first row is the header, ruled off; columns in `left` are
+    left-aligned, the rest right-aligned."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(x.ljust(w) if c in left else x.rjust(w) for c, (x, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
 def format_table(records: list[dict]) -> str:
     """Metrics as rows, one column per run headed by its label."""
     keys = [k for k in TABLE_KEYS if any(k in r for r in records)]
     rows = [["label"] + [str(r.get("label", "?")) for r in records]]
     rows += [[k] + [_fmt(r.get(k)) for r in records] for k in keys]
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return "\n".join(text_table(rows))
 
 
 def print_table(records: list[dict]) -> None:

@@ -95,7 +95,8 @@ def run_plan(args) -> int:
 
 
 def run_ablation(args) -> int:
-    from asap.bench.ablation import EMULATED, SIM, Settings, ablation, format_ablation
+    from asap.bench.ablation import EMULATED, SIM, Settings, ablation
+    from asap.bench.ablation_report import format_ablation
     base = SIM if args.backend == "sim" else EMULATED
     names = {f.name for f in dataclasses.fields(Settings)} - {"backend"}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from asap.bench.metrics import summarize
 from asap.bench.rate_search import find_max_rate
+from asap.bench.report import cell, text_table
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
@@ -164,10 +165,6 @@ def _p90(c: Candidate) -> float:
     return float("inf") if c.ttft_p90_ms_at_ref is None else c.ttft_p90_ms_at_ref
 
 
-def _cell(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def format_plan(p: Plan) -> str:
     """The candidates table (SIMULATED) and the recommendation."""
     head = ["A", "E", f"attain@{p.ref_rate:.3g}/s", f"P90 TTFT ms@{p.ref_rate:.3g}/s", "SLO req/s",
@@ -176,12 +173,10 @@ def format_plan(p: Plan) -> str:
     for c in p.candidates:
         note = ", ".join(n for n, on in (("analytic", c.analytic), ("RECOMMENDED", c is p.best)) if on)
         rows.append([str(c.attention_workers), str(c.expert_workers), f"{c.attainment_at_ref:.2f}",
-                     _cell(c.ttft_p90_ms_at_ref, ".0f"), _cell(c.max_slo_rate, ".3f") + ("*" if c.converged is False
+                     cell(c.ttft_p90_ms_at_ref, ".0f"), cell(c.max_slo_rate, ".3f") + ("*" if c.converged is False
                                                                                          else ""),
-                     _cell(c.tokens_per_s_per_device, ".0f"), note])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
+                     cell(c.tokens_per_s_per_device, ".0f"), note])
+    lines = [line.rstrip() for line in text_table(rows, left=(len(head) - 1,))]
     b = p.best
     out = [f"[SIMULATED] asap plan: {p.model} on {p.devices} x {p.hardware}, {p.num_requests} requests; "
            f"SLO-compliant throughput = max rate with >= {p.settings['target_attainment']:.0%} of requests "
@@ -196,5 +191,5 @@ def format_plan(p: Plan) -> str:
         return "\n".join(out)
     out.append(f"recommendation (SIMULATED): A={b.attention_workers} attention + E={b.expert_workers} expert "
                f"workers: {b.max_slo_rate:.3f} req/s SLO-compliant, P90 TTFT "
-               f"{_cell(b.ttft_p90_ms_at_ref, '.0f')} ms at {p.ref_rate:.3g} req/s")
+               f"{cell(b.ttft_p90_ms_at_ref, '.0f')} ms at {p.ref_rate:.3g} req/s")
     return "\n".join(out)

@@ -32,6 +32,9 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
         kk = depth.k if depth else k
         schedule, mbs = replica.plan(time.monotonic(), kk)
         pending: list = [None] * len(mbs)
+        # Earliest TTFT deadline per micro-batch, carried in every dispatch header (deadline-first experts).
+        deadlines = [min((replica.scheduler.get(c.request_id).deadline or float("inf")) for c in mb.batch.chunks)
+                     for mb in mbs]
         try:
             for layer in range(replica.compute.cfg.num_layers):
                 for i, mb in enumerate(mbs):
@@ -45,11 +48,9 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
                         if s.x is None:
                             mb.h = s.h
                             continue
-                        deadline = min((replica.scheduler.get(c.request_id).deadline or float("inf"))
-                                       for c in mb.batch.chunks)
                         pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, dest(layer, s.topk_ids),
                                            replica=replica.index, layer=layer, microbatch=i, seq=seq,
-                                           deadline=deadline)
+                                           deadline=deadlines[i])
                         seq += 1
                     pending[i] = (s.h, pc, time.monotonic(), attn_s)
             for i, mb in enumerate(mbs):
