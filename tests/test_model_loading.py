@@ -68,3 +68,19 @@ def test_reference_engine_rejects_bad_prompts_and_stays_usable():
         with pytest.raises(ValueError, match="unknown engine"):
             asap.LLM("tiny-deepseek-v3", engine="fast")
         assert len(llm.prefill([[1], [2]])) == 2
+
+
+def test_cached_preset_written_from_an_older_preset_is_rewritten(tmp_path, monkeypatch):
+    from asap.model.materialize import resolve_model
+    from asap.model.presets import preset_config
+    monkeypatch.setenv("ASAP_CACHE", str(tmp_path))
+    first = resolve_model("tiny-qwen3-moe")
+    index = first / "model.safetensors.index.json"
+    stamp = index.stat().st_mtime_ns
+    assert resolve_model("tiny-qwen3-moe") == first and index.stat().st_mtime_ns == stamp   # current: reused
+    old = json.loads((first / "config.json").read_text())
+    (first / "config.json").write_text(json.dumps(dict(old, num_experts_per_tok=2)))       # an older preset
+    again = resolve_model("tiny-qwen3-moe")
+    written = json.loads((again / "config.json").read_text())
+    assert written["num_experts_per_tok"] == preset_config("tiny-qwen3-moe")["num_experts_per_tok"]
+    assert sorted(p.name for p in tmp_path.joinpath("models").iterdir()) == ["tiny-qwen3-moe"]

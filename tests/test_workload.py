@@ -156,6 +156,11 @@ def test_slo_sets_deadlines():
         assert r.deadline == pytest.approx(r.arrival + 2.0)
     for r in Workload(trace=MOONCAKE, slo_per_token_s=1e-3).build():
         assert r.deadline == pytest.approx(r.arrival + 1e-3 * r.num_tokens)
+    # both: a floor for short prompts, the per-token budget for long ones
+    reqs = Workload(trace=MOONCAKE, slo_ttft_s=5.0, slo_per_token_s=1e-3).build()
+    assert {r.num_tokens > 5000 for r in reqs} == {True, False}
+    for r in reqs:
+        assert r.deadline == pytest.approx(r.arrival + max(5.0, 1e-3 * r.num_tokens))
 
 
 def test_prompts_are_deterministic_per_seed():
@@ -178,7 +183,7 @@ def test_trace_lengths_with_synthetic_arrivals():
     (dict(arrivals=Poisson(1.0)), "without a trace"),
     (dict(trace=MOONCAKE, rate=-1.0), "rate"),
     (dict(trace=MOONCAKE, rate=1.0, time_scale=2.0), "either rate or time_scale"),
-    (dict(trace=MOONCAKE, slo_ttft_s=1.0, slo_per_token_s=1e-3), "either slo_ttft_s"),
+    (dict(trace=MOONCAKE, slo_ttft_s=0.0), "slo_ttft_s must be > 0"),
     (dict(trace=MOONCAKE, min_tokens=10, max_tokens=5), "max_tokens"),
     (dict(trace=MOONCAKE, num_requests=0), "num_requests"),
     (dict(trace=MOONCAKE, length_scale=0), "length_scale"),

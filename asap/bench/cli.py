@@ -72,7 +72,8 @@ def add_workload_flags(p) -> None:
     w.add_argument("--num-requests", type=int, default=100)
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--slo-ttft-s", type=float, help="TTFT SLO: a fixed budget in seconds")
-    w.add_argument("--slo-per-token-ms", type=float, help="TTFT SLO: milliseconds per prompt token")
+    w.add_argument("--slo-per-token-ms", type=float,
+                   help="TTFT SLO: milliseconds per prompt token (with --slo-ttft-s: the larger budget)")
 
 
 def runtime_from_args(args) -> RuntimeConfig:
@@ -115,6 +116,8 @@ def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool 
 
 
 def describe_slo(w: Workload) -> str:
+    if w.slo_ttft_s is not None and w.slo_per_token_s is not None:
+        return f"TTFT <= max({w.slo_ttft_s:.3g} s, {w.slo_per_token_s * 1000:.3g} ms x prompt tokens)"
     if w.slo_ttft_s is not None:
         return f"TTFT <= {w.slo_ttft_s:.3g} s"
     if w.slo_per_token_s is not None:
@@ -143,7 +146,13 @@ def measure(target, workload: Workload) -> Run:
         raise RuntimeError(f"{target.label}: {len(results)} results for {len(requests)} requests")
     workers = target.workers() if hasattr(target, "workers") else {}
     spans = target.spans() if hasattr(target, "spans") else []
-    return Run(target.label, workload.rate, results, summarize(results), workers, spans, wall)
+    run = Run(target.label, workload.rate, results, summarize(results), workers, spans, wall)
+    att = run.summary.get("slo_attainment")
+    print(f"[bench] {target.label}: {len(results)} requests" + (f" at {workload.rate:g} req/s" if workload.rate else "")
+          + (f", SLO attainment {att:.3f}" if att is not None else "")
+          + (f", TTFT p90 {p90:.0f} ms" if (p90 := run.summary["ttft_p90_ms"]) is not None else "")
+          + f", {run.summary['num_failed']} failed ({wall:.0f} s)", file=sys.stderr, flush=True)
+    return run
 
 
 def record_of(run: Run, workload: Workload, search: dict | None = None, **extra) -> dict:

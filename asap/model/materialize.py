@@ -126,11 +126,26 @@ def resolve_model(model: str | Path, config_only: bool = False) -> Path:
         (target / "config.json").write_text(json.dumps(preset_config(name), indent=2))
         return target
     target = cache_dir() / name
-    if not (target / "model.safetensors.index.json").is_file():
+    if not _is_current(target, name):
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         materialize(name, tmp)
+        stale = target.with_name(target.name + f".stale{os.getpid()}")
+        if target.exists():                  # written from an older version of the preset
+            target.replace(stale)
         try:
             tmp.replace(target)
         except OSError:          # another process won the race; its copy is identical
             shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _is_current(target: Path, name: str) -> bool:
+    """A cached copy is used only if it is complete and was written from the preset as it is now."""
+    if not (target / "model.safetensors.index.json").is_file():
+        return False
+    try:
+        written = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return {k: v for k, v in written.items() if k not in ("dtype", "asap_seed")} == preset_config(name)

@@ -34,11 +34,14 @@ PRESETS: dict[str, dict] = {
         num_experts=16, num_experts_per_tok=4, max_position_embeddings=4096, mlp_only_layers=[0],
     ),
     # DeepSeek-V3's own per-head MLA geometry (qk 128+64, v 128, latent 512), narrower and shallower.
+    # Like DeepSeek-V3 it routes each token to 8 experts, so the routed experts carry ~1.6x the FLOPs of
+    # the attention side's projections and shared expert (DeepSeek-V3: 352M vs 231M MACs per token and
+    # layer); that balance decides how attention and expert workers share the work.
     "small-deepseek-v3": dict(
         _DSV3_COMMON, vocab_size=32000, hidden_size=1024, num_hidden_layers=8, first_k_dense_replace=1,
         intermediate_size=2816, moe_intermediate_size=512, num_attention_heads=16, num_key_value_heads=16,
         q_lora_rank=384, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-        n_routed_experts=32, num_experts_per_tok=4, n_shared_experts=1, n_group=4, topk_group=2,
+        n_routed_experts=32, num_experts_per_tok=8, n_shared_experts=1, n_group=4, topk_group=2,
         routed_scaling_factor=2.5, max_position_embeddings=16384,
     ),
     "small-qwen3-moe": dict(

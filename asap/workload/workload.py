@@ -14,8 +14,10 @@ Transformations, in order:
    (instead of redrawing) keeps a rate sweep on the same requests.
 3. Lengths: multiplied by `length_scale`, rounded, clipped to
    [`min_tokens`, `max_tokens`].
-4. SLO: `slo_ttft_s` (fixed budget) or `slo_per_token_s` (budget =
-   per-token seconds x prompt tokens) sets Request.deadline = arrival + budget.
+4. SLO: `slo_ttft_s` (fixed budget), `slo_per_token_s` (budget = per-token
+   seconds x prompt tokens) or both (budget = the larger of the two: a floor
+   for short prompts, which a pure per-token budget would leave no time to
+   queue) sets Request.deadline = arrival + budget.
 5. Prompts: `with_prompts=True` fills token ids in [0, vocab_size) drawn from
    (seed, request id), so the same seed gives the same prompts, independent of
    `num_requests`; `with_prompts=False` leaves prompt None (simulator).
@@ -50,7 +52,7 @@ class Workload:
     min_tokens: int = 1
     max_tokens: int | None = None
     slo_ttft_s: float | None = None              # TTFT budget in seconds ...
-    slo_per_token_s: float | None = None         # ... or per prompt token
+    slo_per_token_s: float | None = None         # ... or per prompt token (both: the larger)
     seed: int = 0
     with_prompts: bool = True
     vocab_size: int = 32000
@@ -72,8 +74,6 @@ class Workload:
             raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
         if self.max_tokens is not None and self.max_tokens < self.min_tokens:
             raise ValueError(f"max_tokens={self.max_tokens} is below min_tokens={self.min_tokens}")
-        if self.slo_ttft_s is not None and self.slo_per_token_s is not None:
-            raise ValueError("set either slo_ttft_s or slo_per_token_s, not both")
         for name in ("slo_ttft_s", "slo_per_token_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -118,11 +118,9 @@ class Workload:
         return (times - times[0]) * ((len(times) - 1) / span / self.rate)
 
     def _deadline(self, arrival: float, num_tokens: int) -> float | None:
-        if self.slo_ttft_s is not None:
-            return arrival + self.slo_ttft_s
-        if self.slo_per_token_s is not None:
-            return arrival + self.slo_per_token_s * num_tokens
-        return None
+        budgets = [b for b in (self.slo_ttft_s, None if self.slo_per_token_s is None
+                               else self.slo_per_token_s * num_tokens) if b is not None]
+        return arrival + max(budgets) if budgets else None
 
     def _prompt(self, request_id: int, num_tokens: int) -> list[int] | None:
         if not self.with_prompts:
