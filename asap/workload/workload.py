@@ -118,8 +118,11 @@ class Workload:
         return (times - times[0]) * ((len(times) - 1) / span / self.rate)
 
     def _deadline(self, arrival: float, num_tokens: int) -> float | None:
-        budgets = [b for b in (self.slo_ttft_s, None if self.slo_per_token_s is None
-                               else self.slo_per_token_s * num_tokens) if b is not None]
+        budgets = []
+        if self.slo_ttft_s is not None:
+            budgets.append(self.slo_ttft_s)
+        if self.slo_per_token_s is not None:
+            budgets.append(self.slo_per_token_s * num_tokens)
         return arrival + max(budgets) if budgets else None
 
     def _prompt(self, request_id: int, num_tokens: int) -> list[int] | None:
