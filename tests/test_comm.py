@@ -3,7 +3,7 @@
 One 4-rank cluster of spawned processes per transport serves every test in this
 file (starting torch in a process costs seconds); each test hands the ranks
 named scenario functions and checks what they report. Single-process promises
-(ring arithmetic, primitives bookkeeping) live in test_comm_local.py.
+(ring arithmetic, primitives bookkeeping) live in test_comm_shm.py and test_comm_primitives.py.
 """
 from __future__ import annotations
 
