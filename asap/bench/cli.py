@@ -58,8 +58,8 @@ def register(sub):
 def add_workload_flags(p) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default=None,
-                   help="Mooncake .jsonl or Azure .csv, or 'none' (default: $ASAP_TRACES or ../shared/traces, "
-                        "mooncake_conversation.jsonl)")
+                   help="Mooncake .jsonl[.gz] or Azure .csv, or 'none' (default: the Mooncake conversation sample shipped in "
+                        "the package, 3,658 requests)")
     w.add_argument("--arrivals", default="trace", choices=["trace", "poisson", "gamma", "constant"])
     w.add_argument("--cv", type=float, default=2.0, help="gamma arrivals: coefficient of variation of the gaps")
     w.add_argument("--rate", type=float, help="mean request rate (req/s); rescales the arrivals")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -24,19 +23,15 @@ from asap.bench.metrics import RequestResult
 from asap.bench.runner import SimulatedTarget, future_submit, replay
 from asap.config import ModelConfig, RuntimeConfig
 from asap.scheduler.request import Request
+from asap.workload.traces import default_trace_path
 
 TARGETS = ("async", "sync", "reference", "sim-async", "sim-sync", "http")
 SPAN_FLUSH_S = 0.6      # workers send their spans every 0.5 s (asap/workers/spans.py)
 
 
-def traces_dir() -> Path:
-    """$ASAP_TRACES, else ../shared/traces seen from the repository root."""
-    env = os.environ.get("ASAP_TRACES")
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-
-
 def default_trace() -> Path:
-    return traces_dir() / "mooncake_conversation.jsonl"
+    """The Mooncake sample shipped in the package (nothing is looked up outside it)."""
+    return default_trace_path()
 
 
 def model_config(model: str) -> ModelConfig:

@@ -9,10 +9,14 @@ bad record, its 1-based line number.
   `input_length`, `output_length` (other keys, e.g. `hash_ids`, are ignored).
 - Azure (`*.csv`): header `TIMESTAMP,ContextTokens,GeneratedTokens`, where
   TIMESTAMP is a datetime string such as `2023-11-16 18:15:46.6805900`.
+
+Either may be gzip-compressed (`*.jsonl.gz`, `*.csv.gz`). `default_trace_path()`
+is the Mooncake sample shipped inside the package (asap/workload/data/).
 """
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import re
 from dataclasses import dataclass
@@ -32,9 +36,19 @@ class Trace:
         return len(self.arrivals)
 
 
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def default_trace_path() -> Path:
+    """The default trace of `asap demo`, `asap bench` and `asap sim`: the first 20 minutes (3,658
+    requests) of Mooncake's conversation trace, shipped in the package (see asap/workload/data/README.md)."""
+    return DATA_DIR / "mooncake_conversation_sample.jsonl.gz"
+
+
 def read_trace(path: str | Path) -> Trace:
-    """Pick the reader by suffix: .jsonl -> Mooncake, .csv -> Azure."""
-    suffix = Path(path).suffix.lower()
+    """Pick the reader by suffix: .jsonl -> Mooncake, .csv -> Azure (either may end in .gz)."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    suffix = Path(name).suffix
     if suffix in (".jsonl", ".json"):
         return read_mooncake(path)
     if suffix == ".csv":
@@ -46,6 +60,8 @@ def _open(path: str | Path):
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"trace file not found: {p}")
+    if p.suffix.lower() == ".gz":
+        return gzip.open(p, "rt", newline="", encoding="utf-8")
     return p.open(newline="", encoding="utf-8")
 
 
