@@ -42,17 +42,24 @@ class LLM:
         self.engine = _make_engine(engine, self.model_dir, _DTYPES[dtype], torch.device(device), **engine_kwargs)
         self.cfg = self.engine.cfg
 
-    def submit(self, prompt=None, deadline: float | None = None, *, num_tokens: int | None = None) -> Future:
+    def submit(self, prompt=None, deadline: float | None = None, *, num_tokens: int | None = None,
+               prompt_logprobs: int | None = None) -> Future:
         """Queue one prompt; the future resolves to a PrefillOutput or raises its error.
         deadline: absolute TTFT deadline on time.monotonic(). With emulated compute a prompt
-        may be given by its length alone (num_tokens)."""
+        may be given by its length alone (num_tokens). prompt_logprobs=k: also return every prompt
+        token's logprob and the top-k there (PrefillOutput.prompt_logprobs; real compute only)."""
         if prompt is None:
             if not self.emulated:
                 raise ValueError("a prompt (token ids) is required unless compute='emulated'")
             if not isinstance(num_tokens, int) or not 0 < num_tokens <= self.cfg.max_position_embeddings:
                 raise ValueError(f"num_tokens must be in 1..{self.cfg.max_position_embeddings}, got {num_tokens!r}")
             return self.engine.submit(next(self._ids), None, deadline, num_tokens=num_tokens)
-        return self.engine.submit(next(self._ids), check_prompt(self.cfg, prompt), deadline)
+        ids = check_prompt(self.cfg, prompt)
+        if prompt_logprobs is None:
+            return self.engine.submit(next(self._ids), ids, deadline)
+        if type(prompt_logprobs) is not int or not 0 <= prompt_logprobs <= self.cfg.vocab_size:
+            raise ValueError(f"prompt_logprobs must be an int in 0..{self.cfg.vocab_size}, got {prompt_logprobs!r}")
+        return self.engine.submit(next(self._ids), ids, deadline, prompt_logprobs=prompt_logprobs)
 
     def prefill(self, prompts) -> list[PrefillOutput]:
         """Prefill a batch of prompts. Every prompt is checked before any runs: a bad one raises

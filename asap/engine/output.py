@@ -7,6 +7,20 @@ import torch
 
 
 @dataclass
+class PromptLogprobs:
+    """Opt-in (submit(..., prompt_logprobs=k)): for prompt positions 1..T-1, the log-probability of the
+    prompt's own token given the tokens before it, and the k most likely tokens there."""
+    token_logprobs: torch.Tensor         # float32 [T-1]
+    top_ids: torch.Tensor                # long [T-1, k]
+    top_logprobs: torch.Tensor           # float32 [T-1, k]
+
+    @classmethod
+    def from_parts(cls, parts) -> "PromptLogprobs | None":
+        """From the (token_logprobs, top_ids, top_logprobs) tuple a worker sends; None stays None."""
+        return None if parts is None else cls(*parts)
+
+
+@dataclass
 class PrefillOutput:
     """One prompt's prefill result.
 
@@ -20,3 +34,4 @@ class PrefillOutput:
     num_tokens: int
     request_id: int = -1
     timings: dict = field(default_factory=dict)   # arrival/first-token times etc., engine-specific
+    prompt_logprobs: PromptLogprobs | None = None   # only when asked for

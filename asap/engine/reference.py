@@ -11,14 +11,16 @@ from concurrent.futures import Future
 
 import torch
 
-from asap.engine.output import PrefillOutput
+from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.model.batch import Batch, Chunk, KVCache
 from asap.model.loader import load_attention_side, load_expert_shard
-from asap.model.stages import forward, last_logits
+from asap.model.stages import forward, last_logits, prompt_logprobs
 
 
-def run_batch(side, shards, prompts: dict[int, list[int]], dtype, device) -> dict[int, PrefillOutput]:
-    """Prefill whole prompts as one packed batch -> outputs by request id."""
+def run_batch(side, shards, prompts: dict[int, list[int]], dtype, device,
+              logprobs_k: dict[int, int] | None = None) -> dict[int, PrefillOutput]:
+    """Prefill whole prompts as one packed batch -> outputs by request id (with prompt logprobs for
+    the ids in `logprobs_k`: id -> top-k)."""
     kv = KVCache(side.cfg, dtype, device)
     chunks = [Chunk(rid, 0, len(p)) for rid, p in prompts.items()]
     for c in chunks:
@@ -28,9 +30,16 @@ def run_batch(side, shards, prompts: dict[int, list[int]], dtype, device) -> dic
     with torch.inference_mode():
         h = forward(side, shards, ids, batch, kv)
         logits = last_logits(side, h, [batch.offsets[i + 1] - 1 for i in range(len(chunks))])
+        logprobs = {c.request_id: _prompt_logprobs(side, h, batch.offsets[i], prompts[c.request_id], k)
+                    for i, c in enumerate(chunks) if (k := (logprobs_k or {}).get(c.request_id)) is not None}
     return {c.request_id: PrefillOutput(int(logits[i].argmax()), logits[i].cpu(), kv.pop(c.request_id),
-                                        c.num_tokens, c.request_id)
+                                        c.num_tokens, c.request_id, prompt_logprobs=logprobs.get(c.request_id))
             for i, c in enumerate(chunks)}
+
+
+def _prompt_logprobs(side, h, start: int, prompt: list[int], k: int) -> PromptLogprobs:
+    rows = list(range(start, start + len(prompt) - 1))
+    return PromptLogprobs(*prompt_logprobs(side, h, rows, torch.tensor(prompt[1:], dtype=torch.long), k))
 
 
 class ReferenceEngine:
@@ -43,9 +52,10 @@ class ReferenceEngine:
         self._thread = threading.Thread(target=self._loop, name="asap-reference", daemon=True)
         self._thread.start()
 
-    def submit(self, request_id: int, prompt: list[int], deadline: float | None = None) -> Future:
+    def submit(self, request_id: int, prompt: list[int], deadline: float | None = None,
+               prompt_logprobs: int | None = None) -> Future:
         fut: Future = Future()
-        self._queue.put((request_id, prompt, fut))
+        self._queue.put((request_id, prompt, fut, prompt_logprobs))
         return fut
 
     def _loop(self):
@@ -61,11 +71,12 @@ class ReferenceEngine:
                     break
                 pending.append(nxt)
             try:
-                outs = run_batch(self.side, self.shards, {rid: p for rid, p, _ in pending}, self.dtype, self.device)
-                for rid, _, fut in pending:
+                outs = run_batch(self.side, self.shards, {rid: p for rid, p, _, _ in pending}, self.dtype,
+                                 self.device, {rid: k for rid, _, _, k in pending if k is not None})
+                for rid, _, fut, _ in pending:
                     fut.set_result(outs[rid])
             except Exception as e:  # noqa: BLE001 - the error belongs to the callers' futures
-                for _, _, fut in pending:
+                for _, _, fut, _ in pending:
                     fut.set_exception(e)
 
     def healthy(self) -> bool:

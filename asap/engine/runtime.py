@@ -18,7 +18,7 @@ import torch
 
 from asap.config import ModelConfig, RuntimeConfig
 from asap.engine.layout import build_layout, replica_cost
-from asap.engine.output import PrefillOutput
+from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.scheduler.request import Request
@@ -85,7 +85,7 @@ class RuntimeEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def submit(self, request_id: int, prompt: list[int] | None, deadline: float | None = None,
-               num_tokens: int | None = None) -> Future:
+               num_tokens: int | None = None, prompt_logprobs: int | None = None) -> Future:
         fut: Future = Future()
         n = len(prompt) if prompt is not None else num_tokens
         if not self.healthy():
@@ -108,7 +108,7 @@ class RuntimeEngine:
             self._futures[request_id] = (fut, replica, now)
             self._loads[replica][request_id] = n
         self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline,
-                                                  req.priority))
+                                                  req.priority, prompt_logprobs))
         return fut
 
     def _collect(self):
@@ -139,7 +139,8 @@ class RuntimeEngine:
                 fut.set_exception(RuntimeError(msg.error))
             else:
                 fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
-                                             {"submitted": submitted, "finished": msg.finished_at}))
+                                             {"submitted": submitted, "finished": msg.finished_at},
+                                             PromptLogprobs.from_parts(msg.prompt_logprobs)))
         elif isinstance(msg, RoutingCounts):
             for layer, counts in enumerate(msg.counts):
                 self.routing_stats.record(layer, counts)

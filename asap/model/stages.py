@@ -69,6 +69,24 @@ def last_logits(side: AttentionSide, h: torch.Tensor, rows: list[int]) -> torch.
     return F.linear(hs, side.lm_head).float()
 
 
+def prompt_logprobs(side: AttentionSide, h: torch.Tensor, rows: list[int], next_ids: torch.Tensor, k: int,
+                    rows_per_step: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities of `next_ids` [n] at the packed `rows` [n], and the top-k there.
+
+    -> (token_logprobs [n], top_ids [n,k], top_logprobs [n,k]), float32 / long. Only these rows go
+    through the LM head, `rows_per_step` at a time, so memory stays O(rows_per_step x V)."""
+    parts = []
+    for i in range(0, len(rows), rows_per_step):
+        lp = torch.log_softmax(last_logits(side, h, rows[i:i + rows_per_step]), dim=-1)
+        top = lp.topk(k, dim=-1) if k else None
+        parts.append((lp.gather(1, next_ids[i:i + rows_per_step, None].to(lp.device))[:, 0],
+                      top.indices if top else torch.zeros(len(lp), 0, dtype=torch.long),
+                      top.values if top else torch.zeros(len(lp), 0)))
+    if not parts:
+        return torch.zeros(0), torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
+    return tuple(torch.cat([p[j] for p in parts]).cpu() for j in range(3))
+
+
 def forward(side: AttentionSide, shards: list[ExpertShard], token_ids: torch.Tensor, batch: Batch,
             kv: KVCache) -> torch.Tensor:
     """Single-process forward of one packed batch -> final hidden states [T,D]."""

@@ -16,6 +16,7 @@ class Submit:                      # engine -> attention worker (async) or rank 
     arrival: float                 # time.monotonic() in the engine (same clock in every process on one host)
     deadline: float | None = None
     priority: int = 0              # admission may demote (-1)
+    prompt_logprobs: int | None = None   # top-k of prompt-token logprobs to return (None: none)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Result:                      # worker -> engine
     kv: object = None              # per-layer dicts of tensors (real compute)
     error: str | None = None
     finished_at: float = 0.0
+    prompt_logprobs: object = None # (token_logprobs [T-1], top_ids [T-1,k], top_logprobs [T-1,k]) if asked
 
 
 @dataclass

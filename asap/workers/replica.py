@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from asap.model.batch import Batch
-from asap.model.stages import StageOut
+from asap.model.stages import StageOut, prompt_logprobs
 from asap.scheduler.errors import QueueFull
 from asap.scheduler.microbatch import split_microbatches
 from asap.scheduler.replica import ReplicaScheduler
@@ -34,6 +34,8 @@ class Replica:
         self.send_kv = send_kv
         self.kv = compute.new_kv()
         self.prompts: dict[int, list[int] | None] = {}
+        self.logprobs_k: dict[int, int] = {}             # requests that asked for prompt logprobs: id -> top-k
+        self.logprob_parts: dict[int, list] = {}         # their per-chunk pieces so far
         cfg = compute.cfg
         self.routing = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)   # for expert placement
         self._routing_sent = time.monotonic()
@@ -48,6 +50,8 @@ class Replica:
             self.results.put(Result(msg.request_id, self.index, error=f"replica {self.index} queue full: {e}"))
             return
         self.prompts[msg.request_id] = msg.prompt
+        if msg.prompt_logprobs is not None and not self.compute.emulated:
+            self.logprobs_k[msg.request_id], self.logprob_parts[msg.request_id] = msg.prompt_logprobs, []
         if self.kv is not None:
             self.kv.allocate(msg.request_id, msg.num_tokens)
 
@@ -55,6 +59,7 @@ class Replica:
         for rid in request_ids:
             if self.scheduler.abort(rid) is not None:
                 self.prompts.pop(rid, None)
+                self.logprobs_k.pop(rid, None), self.logprob_parts.pop(rid, None)
                 if self.kv is not None and rid in self.kv:
                     self.kv.pop(rid)
                 self.results.put(Result(rid, self.index, error=error, finished_at=time.monotonic()))
@@ -95,8 +100,28 @@ class Replica:
             self.routing[layer] += torch.bincount(s.topk_ids.reshape(-1), minlength=self.routing.shape[1])
         return s
 
+    def _chunk_logprobs(self, mb: MicroBatch) -> None:
+        """Prompt logprobs of the chunks in `mb` whose request asked for them (final hidden states in mb.h)."""
+        for i, c in enumerate(mb.batch.chunks):
+            if c.request_id not in self.logprobs_k:
+                continue
+            prompt = self.prompts[c.request_id]
+            end = min(c.start + c.num_tokens, len(prompt) - 1)     # the last position predicts no prompt token
+            rows = list(range(mb.batch.offsets[i], mb.batch.offsets[i] + end - c.start))
+            next_ids = torch.tensor(prompt[c.start + 1:end + 1], dtype=torch.long)
+            self.logprob_parts[c.request_id].append(
+                prompt_logprobs(self.compute.side, mb.h, rows, next_ids, self.logprobs_k[c.request_id]))
+
+    def _take_logprobs(self, rid: int):
+        if self.logprobs_k.pop(rid, None) is None:
+            return None
+        parts = self.logprob_parts.pop(rid)
+        return tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+
     def finish(self, schedule: dict[int, int], mbs: list[MicroBatch]) -> None:
         for mb in mbs:
+            if self.logprobs_k:
+                self._chunk_logprobs(mb)
             if not mb.finishing:
                 continue
             rows = [mb.batch.offsets[i + 1] - 1 for i in mb.finishing]
@@ -106,7 +131,8 @@ class Replica:
                 rid = mb.batch.chunks[i].request_id
                 kv = self.kv.pop(rid) if self.kv is not None else None
                 self.results.put(Result(rid, self.index, int(logits[j].argmax()), logits[j].clone(),
-                                        kv if self.send_kv else None, finished_at=now))
+                                        kv if self.send_kv else None, finished_at=now,
+                                        prompt_logprobs=self._take_logprobs(rid)))
         for req in self.scheduler.commit(schedule):
             self.prompts.pop(req.id, None)
         if time.monotonic() - self._routing_sent > 0.5:
