@@ -11,19 +11,14 @@ largest fraction of the layer's top-k assignments that any one worker receives
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from asap.cost.shares import ExpertShares
 from asap.scheduler.placement import Placement, balanced_placement
 
-
-@dataclass(frozen=True)
-class ExpertShares:
-    num_workers: int
-    max_share: tuple[float, ...]    # per MoE layer: max over workers of its fraction of top-k assignments
-    slots: int                      # expert copies per worker per layer
+__all__ = ["ExpertShares", "plan_experts", "read_loads", "zipf_loads"]
 
 
 def zipf_loads(num_layers: int, num_experts: int, exponent: float, seed: int = 0) -> list[list[float]]:

@@ -1,0 +1,11 @@
+"""What the cost model needs to know of an expert placement (asap.sim.experts builds it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ExpertShares:
+    num_workers: int
+    max_share: tuple[float, ...]    # per MoE layer: max over workers of its fraction of top-k assignments
+    slots: int                      # expert copies per worker per layer
