@@ -184,6 +184,10 @@ class RuntimeConfig:
     hardware: str = _f("cpu", "emulated: hardware profile of the cost table")
     ring_mb: int = _f(32, "shm transport: ring size per directed worker pair (MiB)")
     comm_timeout_s: float = _f(60.0, "a request fails if a peer does not answer within this time")
+    heartbeat_interval_s: float = _f(0.5, "each worker beats this often while it makes progress")
+    heartbeat_timeout_s: float = _f(5.0, "a worker silent this long (hung, stopped, deadlocked) is declared failed")
+    stop_grace_s: float = _f(1.0, "on close/restart each stage of workers (attention, then experts) gets this "
+                                  "long to exit before it is killed")
     threads_per_worker: int = _f(1, "torch intra-op threads per worker process")
     master_port: int = _f(0, "torch.distributed: TCP port (0 = pick a free one)")
     master_addr: str = _f("127.0.0.1", "torch.distributed: address of the engine's host (rank 0)")
@@ -205,3 +209,8 @@ class RuntimeConfig:
             raise ValueError("remote_experts needs transport gloo or nccl and a fixed master_port")
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "stop_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must be at least 2 x heartbeat_interval_s")
