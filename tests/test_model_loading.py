@@ -12,7 +12,7 @@ from asap.model.presets import PRESETS
 
 def test_unknown_model_type_names_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match="deepseek_v3, qwen3_moe"):
+    with pytest.raises(ValueError, match="deepseek_v3, glm4_moe, qwen3_moe"):
         ModelConfig.from_dir(tmp_path)
 
 

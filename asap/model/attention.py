@@ -1,4 +1,7 @@
-"""Causal prefill attention over a packed batch: MLA (DeepSeek-V3) and GQA (Qwen3-MoE).
+"""Causal prefill attention over a packed batch: MLA (DeepSeek-V3) and GQA (Qwen3-MoE, GLM-4.5).
+
+The families (asap.model.families) bind these to a config, its RoPE table and
+its softmax scale; biases and q/k norms are applied when the layer has them.
 
 Shape legend: T packed tokens, n tokens of one chunk, Lk = start+n keys of its
 request, H heads, Hkv kv heads, d head dim, r kv_lora_rank, R rope dim.
@@ -11,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from asap.config import ModelConfig
+from asap.model.config import ModelConfig
 from asap.model.batch import Batch, KVCache
 from asap.model.layers import Rotary, rms_norm
 
@@ -33,21 +36,21 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: 
     return out[0, ..., :dv].transpose(0, 1)
 
 
-def mla(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, layer: int, rope: Rotary):
+def mla(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache,
+        layer: int):
     H, dn, R, r, dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
     T = x.shape[0]
     if cfg.q_lora_rank:
-        q = F.linear(rms_norm(F.linear(x, w["self_attn.q_a_proj.weight"]), w["self_attn.q_a_layernorm.weight"],
-                              cfg.rms_norm_eps), w["self_attn.q_b_proj.weight"])
+        q = F.linear(rms_norm(F.linear(x, w["self_attn.q_a_proj.weight"], w.get("self_attn.q_a_proj.bias")),
+                              w["self_attn.q_a_layernorm.weight"], cfg.rms_norm_eps), w["self_attn.q_b_proj.weight"])
     else:
         q = F.linear(x, w["self_attn.q_proj.weight"])
     q = q.view(T, H, dn + R)                                               # [T,H,dn+R]
-    ckv = F.linear(x, w["self_attn.kv_a_proj_with_mqa.weight"])            # [T, r+R]
+    ckv = F.linear(x, w["self_attn.kv_a_proj_with_mqa.weight"], w.get("self_attn.kv_a_proj_with_mqa.bias"))  # [T,r+R]
     latent = rms_norm(ckv[:, :r], w["self_attn.kv_a_layernorm.weight"], cfg.rms_norm_eps)
     cos, sin = rope.cos_sin(batch.positions, x.dtype)
     q = torch.cat((q[..., :dn], rope.apply(q[..., dn:], cos, sin)), dim=-1)
     k_rope = rope.apply(ckv[:, None, r:], cos, sin)[:, 0]                   # [T,R], shared by all heads
-    scale = (dn + R) ** -0.5
     out = x.new_empty(T, H, dv)
     for c, rows in batch.segments():
         kv.write(c.request_id, layer, c.start, kv_latent=latent[rows], k_rope=k_rope[rows])
@@ -57,17 +60,19 @@ def mla(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, l
         k = torch.cat((kvb[..., :dn], cache["k_rope"][:, None, :].expand(lk, H, R)), dim=-1)   # [Lk,H,dn+R]
         v = kvb[..., dn:]                                                                      # [Lk,H,dv]
         out[rows] = _sdpa(q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), c.start, scale)
-    return F.linear(out.reshape(T, -1), w["self_attn.o_proj.weight"])
+    return F.linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))
 
 
-def gqa(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, layer: int, rope: Rotary):
+def gqa(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache,
+        layer: int):
     H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     T = x.shape[0]
     q = F.linear(x, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias")).view(T, H, d)
     k = F.linear(x, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias")).view(T, Hkv, d)
     v = F.linear(x, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias")).view(T, Hkv, d)
-    q = rms_norm(q, w["self_attn.q_norm.weight"], cfg.rms_norm_eps)
-    k = rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
+    if cfg.qk_norm:
+        q = rms_norm(q, w["self_attn.q_norm.weight"], cfg.rms_norm_eps)
+        k = rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
     cos, sin = rope.cos_sin(batch.positions, x.dtype)
     q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
     out = x.new_empty(T, H, d)
@@ -75,5 +80,5 @@ def gqa(cfg: ModelConfig, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache, l
         kv.write(c.request_id, layer, c.start, k=k[rows], v=v[rows])
         cache = kv.read(c.request_id, layer, c.start + c.num_tokens)
         out[rows] = _sdpa(q[rows].transpose(0, 1), cache["k"].transpose(0, 1), cache["v"].transpose(0, 1),
-                          c.start, d ** -0.5, gqa=H != Hkv)
+                          c.start, scale, gqa=H != Hkv)
     return F.linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))

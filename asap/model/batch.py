@@ -5,9 +5,9 @@ A batch is a list of chunks (request_id, start, num_tokens): tokens
 one [T, D] tensor. Chunks with start > 0 attend to the KV already in the cache
 (chunked prefill). Any object with those three attributes is a chunk.
 
-KV layout, per request and per layer (documented in docs/ARCHITECTURE.md):
+KV layout, per request and per layer: the family's (cfg.kv_cache_dims; asap.model.families), e.g.
   MLA (DeepSeek-V3): kv_latent [L, kv_lora_rank] (after kv_a_layernorm), k_rope [L, qk_rope_head_dim] (after RoPE)
-  GQA (Qwen3-MoE):   k [L, num_kv_heads, head_dim] (after k_norm and RoPE), v [L, num_kv_heads, head_dim]
+  GQA (Qwen3-MoE, GLM-4.5): k [L, num_kv_heads, head_dim] (after k_norm and RoPE), v [L, num_kv_heads, head_dim]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from asap.config import ModelConfig
+from asap.model.config import ModelConfig
 
 
 class Chunk(NamedTuple):

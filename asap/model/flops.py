@@ -2,7 +2,7 @@
 The formulas are asap.cost.ops's, the ones the cost model and the simulator use."""
 from __future__ import annotations
 
-from asap.config import ModelConfig
+from asap.model.config import ModelConfig
 from asap.cost.ops import attention_flops, ffn_flops, lm_head_flops
 
 __all__ = ["attention_flops", "ffn_flops", "prefill_flops"]

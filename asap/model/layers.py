@@ -22,17 +22,24 @@ def gated_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> tor
 
 
 class Rotary:
-    """RoPE tables; `apply` rotates [T, H, R] by per-token positions [T]."""
+    """RoPE tables; `apply` rotates the first 2*len(inv_freq) channels of [T, H, d] by per-token positions [T].
 
-    def __init__(self, dim: int, theta: float, interleave: bool, device=None):
-        self.interleave = interleave
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    inv_freq and attention_factor come from asap.model.rope (the config's scaling); the channels past the
+    rotary dimension (partial rotary, GLM-4.5) pass through unchanged."""
+
+    def __init__(self, inv_freq: torch.Tensor, interleave: bool = False, attention_factor: float = 1.0, device=None):
+        self.interleave, self.attention_factor = interleave, attention_factor
+        self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]   # [T, R/2]
-        return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]          # [T, 1, R/2]
+        f = self.attention_factor
+        return (freqs.cos() * f).to(dtype)[:, None, :], (freqs.sin() * f).to(dtype)[:, None, :]   # [T, 1, R/2]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rd = 2 * cos.shape[-1]
+        if rd < x.shape[-1]:
+            return torch.cat((self.apply(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
         if self.interleave:
             # DeepSeek pairs (x0,x1),(x2,x3)..; output is de-interleaved [evens | odds] as in HF.
             x1, x2 = x[..., 0::2], x[..., 1::2]

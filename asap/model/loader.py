@@ -1,8 +1,12 @@
-"""Load a local HF-format directory, whole or one slice at a time.
+"""Load a local HF-format directory, whole or one slice at a time, checked against its config.
 
 A caller loads only its slice (the attention side, or a subset of experts of
 every MoE layer); safetensors reads tensors by name from a memory map, so no
-other tensor is read into memory.
+other tensor is read into memory. Every tensor read is checked against the
+config (asap.model.tensors): present, of the expected shape, finite. Block-FP8
+weights are dequantised into the runtime dtype as they are read
+(asap.model.quant). Multi-token-prediction layers (index >= num_hidden_layers)
+are never read. Anything wrong is one ModelLoadError naming the file and tensor.
 """
 from __future__ import annotations
 
@@ -13,12 +17,24 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from asap.config import ModelConfig
+from asap.model.config import ModelConfig
+from asap.model.errors import ModelLoadError
 from asap.model.moe import ExpertShard
+from asap.model.quant import SCALE_SUFFIX, dequantize
 from asap.model.stages import AttentionSide
+from asap.model.tensors import attention_side_tensors, expert_tensors, tensor_shapes
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"\.mlp\.experts\.")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def runtime_dtype(cfg: ModelConfig, dtype: torch.dtype | str | None) -> torch.dtype:
+    """The dtype asked for, else the checkpoint's torch_dtype, else float32 (block-FP8 checkpoints: bfloat16
+    unless their config says otherwise, as their torch_dtype does)."""
+    if dtype is None:
+        return _DTYPES[cfg.dtype] if cfg.dtype else torch.float32
+    return _DTYPES[dtype] if isinstance(dtype, str) else dtype
 
 
 class Checkpoint:
@@ -29,28 +45,103 @@ class Checkpoint:
         self.config = ModelConfig.from_dir(self.path)
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            self.files = {k: self.path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+            self.files = self._read_index(index)
         else:
             self.files = {}
             for f in sorted(self.path.glob("*.safetensors")):
-                with safe_open(f, "pt") as fh:
-                    self.files.update({k: f for k in fh.keys()})
+                self.files.update({k: f for k in self._keys(f)})
         if not self.files:
-            raise FileNotFoundError(f"no *.safetensors weights in {self.path}")
+            raise ModelLoadError(self.path, "no *.safetensors weights in this directory")
+        self._check_names()
 
-    def read(self, names: list[str], dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    def _read_index(self, index: Path) -> dict[str, Path]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(index, f"invalid JSON: {getattr(e, 'msg', e)}") from None
+        except (KeyError, TypeError):
+            raise ModelLoadError(index, "field 'weight_map' must map tensor names to file names") from None
+        files = {k: self.path / v for k, v in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                name = next(k for k, v in files.items() if v == f)
+                raise ModelLoadError(f, f"shard is missing (listed in {index.name} for {name!r})")
+        return files
+
+    def _open(self, f: Path):
+        try:
+            return safe_open(f, "pt")
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+            raise ModelLoadError(f, f"not a readable safetensors file (truncated or corrupt?): "
+                                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+    def _keys(self, f: Path) -> list[str]:
+        with self._open(f) as fh:
+            return list(fh.keys())
+
+    def _check_names(self) -> None:
+        """Every tensor in the checkpoint is one the config expects (or its FP8 scale, or an MTP layer's)."""
+        cfg = self.config
+        expected = set(tensor_shapes(cfg))
+        for name, f in self.files.items():
+            base = name[:-len(SCALE_SUFFIX)] if name.endswith(SCALE_SUFFIX) else name
+            if base in expected:
+                continue
+            m = _LAYER.match(name)
+            if m and int(m.group(1)) >= cfg.num_layers:          # MTP layers: never read
+                continue
+            raise ModelLoadError(f, f"unexpected tensor {name!r}: the config (model_type {cfg.model_type!r}) "
+                                    "has no such parameter")
+
+    def read(self, names: list[str], dtype: torch.dtype, device, shapes: dict | None = None) -> dict[str, torch.Tensor]:
+        """The named tensors in `dtype` on `device`, each checked (shape against `shapes`, finite)."""
+        shapes = shapes if shapes is not None else tensor_shapes(self.config)
         missing = [n for n in names if n not in self.files]
         if missing:
-            raise KeyError(f"{self.path}: missing tensors {missing[:3]}{'...' if len(missing) > 3 else ''}")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ModelLoadError(self.path, f"tensor {missing[0]!r}{more} is missing from the checkpoint")
         out: dict[str, torch.Tensor] = {}
         by_file: dict[Path, list[str]] = {}
         for n in names:
             by_file.setdefault(self.files[n], []).append(n)
         for f, ns in by_file.items():
-            with safe_open(f, "pt") as fh:
+            with self._open(f) as fh:
                 for n in ns:
-                    out[n] = fh.get_tensor(n).to(device=device, dtype=dtype)
+                    out[n] = self._get(fh, f, n, dtype, shapes.get(n)).to(device)
         return out
+
+    def _get(self, fh, f: Path, name: str, dtype: torch.dtype, shape) -> torch.Tensor:
+        try:
+            t = fh.get_tensor(name)
+        except Exception as e:  # noqa: BLE001
+            raise ModelLoadError(f, f"tensor {name!r} cannot be read: {str(e).splitlines()[0]}") from None
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ModelLoadError(f, f"tensor {name!r} has shape {tuple(t.shape)}, the config expects {tuple(shape)}")
+        scale_name = name + SCALE_SUFFIX
+        if t.dtype in _FP8:
+            q = self.config.quant
+            if q is None:
+                raise ModelLoadError(f, f"tensor {name!r} is {t.dtype} but config.json has no quantization_config")
+            if t.dtype != q.storage_dtype:
+                raise ModelLoadError(f, f"tensor {name!r} is {t.dtype}, quantization_config says fp8 {q.fmt}")
+            if scale_name not in self.files:
+                raise ModelLoadError(f, f"tensor {name!r} is block-FP8 but {scale_name!r} is missing")
+            with self._open(self.files[scale_name]) as sh:
+                scale = sh.get_tensor(scale_name)
+            if not torch.isfinite(scale).all():
+                raise ModelLoadError(self.files[scale_name], f"tensor {scale_name!r} has non-finite values")
+            t = dequantize(t, scale, q.block, dtype, name, f)
+        elif scale_name in self.files:
+            raise ModelLoadError(f, f"tensor {name!r} has a {scale_name!r} but is stored as {t.dtype}, not fp8")
+        elif not t.dtype.is_floating_point:
+            raise ModelLoadError(f, f"tensor {name!r} has dtype {t.dtype}; a floating-point dtype is expected")
+        else:
+            t = t.to(dtype)
+        if not torch.isfinite(t).all():
+            raise ModelLoadError(f, f"tensor {name!r} has non-finite values (NaN or inf)")
+        return t
 
 
 def _fuse_ffns(w: dict) -> dict:
@@ -62,15 +153,18 @@ def _fuse_ffns(w: dict) -> dict:
     return w
 
 
-def load_attention_side(path, dtype=torch.float32, device="cpu") -> AttentionSide:
+def load_attention_side(path, dtype=None, device="cpu") -> AttentionSide:
+    """Embeddings, every layer's non-expert weights, the final norm and LM head.
+    dtype None: the checkpoint's torch_dtype (float32 when it names none)."""
     ck = Checkpoint(path)
     cfg = ck.config
-    names = [n for n in ck.files if not _EXPERT.search(n)]
-    t = ck.read(names, dtype, device)
+    dtype = runtime_dtype(cfg, dtype)
+    shapes = attention_side_tensors(cfg)
+    t = ck.read(list(shapes), dtype, device, shapes)
     layers: list[dict] = [{} for _ in range(cfg.num_layers)]
     for n, v in t.items():
         m = _LAYER.match(n)
-        if m and int(m.group(1)) < cfg.num_layers:      # skips e.g. DeepSeek's MTP layer
+        if m:
             layers[int(m.group(1))][m.group(2)] = v
     for w in layers:
         _fuse_ffns(w)
@@ -81,10 +175,11 @@ def load_attention_side(path, dtype=torch.float32, device="cpu") -> AttentionSid
     return AttentionSide(cfg, t["model.embed_tokens.weight"], layers, t["model.norm.weight"], lm_head)
 
 
-def load_expert_shard(path, expert_ids, dtype=torch.float32, device="cpu") -> ExpertShard:
+def load_expert_shard(path, expert_ids, dtype=None, device="cpu") -> ExpertShard:
     """expert_ids: the same ids for every MoE layer, or {layer: ids} (a placement with per-layer copies)."""
     ck = Checkpoint(path)
     cfg = ck.config
+    dtype = runtime_dtype(cfg, dtype)
     per_layer = expert_ids if isinstance(expert_ids, dict) else {l: expert_ids for l in cfg.moe_layer_ids}
     per_layer = {int(l): sorted(set(int(e) for e in per_layer.get(l, ()))) for l in cfg.moe_layer_ids}
     gate_up, down = {}, {}
@@ -92,7 +187,8 @@ def load_expert_shard(path, expert_ids, dtype=torch.float32, device="cpu") -> Ex
         if any(not 0 <= e < cfg.num_experts for e in ids):
             raise ValueError(f"expert ids must be in [0, {cfg.num_experts}), got {ids}")
         p = f"model.layers.{layer}.mlp.experts."
-        t = ck.read([p + f"{e}.{proj}_proj.weight" for e in ids for proj in ("gate", "up", "down")], dtype, device)
+        shapes = {k: v for e in ids for k, v in expert_tensors(cfg, layer, e).items()}
+        t = ck.read(list(shapes), dtype, device, shapes)
         gate_up[layer] = torch.stack([torch.cat((t[p + f"{e}.gate_proj.weight"], t[p + f"{e}.up_proj.weight"]))
                                       for e in ids]) if ids else torch.empty(0)
         down[layer] = torch.stack([t[p + f"{e}.down_proj.weight"] for e in ids]) if ids else torch.empty(0)

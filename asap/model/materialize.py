@@ -14,51 +14,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from asap.config import ModelConfig
-from asap.model.tokenizer import write_tokenizer
+from asap.model.config import ModelConfig
 from asap.model.presets import CONFIG_ONLY, PRESETS, preset_config
+from asap.model.tensors import tensor_shapes  # noqa: F401 - re-exported: the names and shapes written
+from asap.model.tokenizer import write_tokenizer
 
 SHARD_BYTES = 512 * 2**20
-
-
-def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF parameter names and shapes of a model (no biases: presets have attention_bias=False)."""
-    D, V = cfg.hidden_size, cfg.vocab_size
-    s: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    if not cfg.tie_word_embeddings:
-        s["lm_head.weight"] = (V, D)
-    ffn = lambda p, i: {p + "gate_proj.weight": (i, D), p + "up_proj.weight": (i, D), p + "down_proj.weight": (D, i)}  # noqa: E731
-    for layer in range(cfg.num_layers):
-        p = f"model.layers.{layer}."
-        s[p + "input_layernorm.weight"] = (D,)
-        s[p + "post_attention_layernorm.weight"] = (D,)
-        a = p + "self_attn."
-        if cfg.is_mla:
-            H, qk, r, R = cfg.num_heads, cfg.qk_head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-            if cfg.q_lora_rank:
-                s.update({a + "q_a_proj.weight": (cfg.q_lora_rank, D), a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
-                          a + "q_b_proj.weight": (H * qk, cfg.q_lora_rank)})
-            else:
-                s[a + "q_proj.weight"] = (H * qk, D)
-            s.update({a + "kv_a_proj_with_mqa.weight": (r + R, D), a + "kv_a_layernorm.weight": (r,),
-                      a + "kv_b_proj.weight": (H * (cfg.qk_nope_head_dim + cfg.v_head_dim), r),
-                      a + "o_proj.weight": (D, H * cfg.v_head_dim)})
-        else:
-            H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            s.update({a + "q_proj.weight": (H * d, D), a + "k_proj.weight": (Hkv * d, D),
-                      a + "v_proj.weight": (Hkv * d, D), a + "o_proj.weight": (D, H * d),
-                      a + "q_norm.weight": (d,), a + "k_norm.weight": (d,)})
-        if not cfg.moe_layers[layer]:
-            s.update(ffn(p + "mlp.", cfg.intermediate_size))
-            continue
-        s[p + "mlp.gate.weight"] = (cfg.num_experts, D)
-        if cfg.scoring == "sigmoid":
-            s[p + "mlp.gate.e_score_correction_bias"] = (cfg.num_experts,)
-        if cfg.n_shared_experts:
-            s.update(ffn(p + "mlp.shared_experts.", cfg.moe_intermediate_size * cfg.n_shared_experts))
-        for e in range(cfg.num_experts):
-            s.update(ffn(p + f"mlp.experts.{e}.", cfg.moe_intermediate_size))
-    return s
 
 
 def _init(name: str, shape, g: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asap.config import ModelConfig
+from asap.model.config import ModelConfig
 
 
 def gate(cfg: ModelConfig, w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

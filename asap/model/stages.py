@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asap.config import ModelConfig
-from asap.model import attention
+from asap.model.config import ModelConfig
 from asap.model.batch import Batch, KVCache
-from asap.model.layers import Rotary, gated_ffn, rms_norm
+from asap.model.layers import gated_ffn, rms_norm
 from asap.model.moe import ExpertShard, combine, expert_stage, gate
 
 
@@ -32,10 +31,8 @@ class AttentionSide:
     lm_head: torch.Tensor               # [V,D]
 
     def __post_init__(self):
-        c = self.cfg
-        rope_dim = c.qk_rope_head_dim if c.is_mla else c.head_dim
-        self.rope = Rotary(rope_dim, c.rope_theta, c.rope_interleave, device=self.embed.device)
-        self._attend = attention.mla if c.is_mla else attention.gqa
+        # The family binds its attention to this config: RoPE table, softmax scale, KV layout.
+        self._attend = self.cfg.family.build_attention(self.cfg, self.embed.device)
 
 
 @dataclass
@@ -52,7 +49,7 @@ def embed(side: AttentionSide, token_ids: torch.Tensor) -> torch.Tensor:
 
 def attention_stage(side: AttentionSide, layer: int, h: torch.Tensor, batch: Batch, kv: KVCache) -> StageOut:
     cfg, w = side.cfg, side.layers[layer]
-    a = side._attend(cfg, w, rms_norm(h, w["input_layernorm.weight"], cfg.rms_norm_eps), batch, kv, layer, side.rope)
+    a = side._attend(w, rms_norm(h, w["input_layernorm.weight"], cfg.rms_norm_eps), batch, kv, layer)
     h = h + a
     x = rms_norm(h, w["post_attention_layernorm.weight"], cfg.rms_norm_eps)
     if not cfg.moe_layers[layer]:

@@ -1,0 +1,100 @@
+"""Block-FP8 checkpoints (DeepSeek-V3/R1, Qwen3-*-FP8): `quantization_config` and dequantisation at load.
+
+Format: a linear weight W [out, in] is stored as float8_e4m3fn, and beside it
+`<name>_scale_inv` [ceil(out/bo), ceil(in/bi)] float32 holds one scale per
+bo x bi block; the real weight is W * scale (block-wise). Tensors without a
+`_scale_inv` companion (embeddings, norms, the router, the LM head) are stored
+in a normal dtype. Weights are dequantised into the runtime dtype one tensor
+at a time as each worker reads its slice, so peak memory stays one tensor
+above the slice. `QuantConfig` keeps the format so FP8 weights could later be
+kept with their scales for an FP8 GEMM on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asap.model.errors import ModelLoadError, describe
+
+SCALE_SUFFIX = "_scale_inv"
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    method: str = "fp8"
+    fmt: str = "e4m3"
+    block: tuple[int, int] = (128, 128)
+    activation_scheme: str = "dynamic"
+    not_converted: tuple[str, ...] = ()     # modules_to_not_convert: stored unquantised
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn
+
+
+def parse_quant(hf: dict, source) -> QuantConfig | None:
+    q = hf.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise ModelLoadError(source, f"field 'quantization_config' must be an object, got {describe(q)}")
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ModelLoadError(source, f"field 'quantization_config': quant_method {method!r} is not supported "
+                                     "(supported: 'fp8' with 128x128-style weight blocks, dequantised at load)")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ModelLoadError(source, f"field 'quantization_config': fp8 fmt {fmt!r} is not supported (only 'e4m3')")
+    block = q.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and not isinstance(b, bool)
+                                                                    and b > 0 for b in block)):
+        raise ModelLoadError(source, "field 'quantization_config': weight_block_size must be two positive integers "
+                                     f"(per-tensor fp8 is not supported), got {describe(block)}")
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise ModelLoadError(source, f"field 'quantization_config': activation_scheme {scheme!r} is not supported "
+                                     "(only 'dynamic')")
+    skip = q.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+        raise ModelLoadError(source, "field 'quantization_config': modules_to_not_convert must be a list of names")
+    return QuantConfig("fp8", fmt, (block[0], block[1]), scheme, tuple(skip))
+
+
+def expand_scales(scale_inv: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
+    bo, bi = block
+    return scale_inv.repeat_interleave(bo, 0)[:shape[0]].repeat_interleave(bi, 1)[:, :shape[1]]
+
+
+def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype,
+               name: str = "", source="") -> torch.Tensor:
+    """W [out,in] float8 and scale_inv [ceil(out/bo), ceil(in/bi)] -> W * scale in `dtype`, one block row at a time."""
+    if weight.dim() != 2:
+        raise ModelLoadError(source, f"tensor {name!r}: a block-FP8 weight must be 2-D, got {tuple(weight.shape)}")
+    out_f, in_f = weight.shape
+    bo, bi = block
+    want = (-(-out_f // bo), -(-in_f // bi))
+    if tuple(scale_inv.shape) != want:
+        raise ModelLoadError(source, f"tensor {name + SCALE_SUFFIX!r} has shape {tuple(scale_inv.shape)}, expected "
+                                     f"{want} for a {tuple(weight.shape)} weight in {bo}x{bi} blocks")
+    result = torch.empty(out_f, in_f, dtype=dtype)
+    scale = scale_inv.float()
+    for r in range(want[0]):                        # one row of blocks in float32 at a time
+        rows = slice(r * bo, min((r + 1) * bo, out_f))
+        w = weight[rows].float() * scale[r].repeat_interleave(bi)[:in_f][None, :]
+        result[rows] = w.to(dtype)
+    return result
+
+
+def quantize(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse, as DeepSeek's conversion does it: per block, scale = amax / 448. For tests and presets."""
+    out_f, in_f = weight.shape
+    bo, bi = block
+    w = weight.float()
+    amax = torch.zeros(-(-out_f // bo), -(-in_f // bi))
+    for r in range(amax.shape[0]):
+        for c in range(amax.shape[1]):
+            amax[r, c] = w[r * bo:(r + 1) * bo, c * bi:(c + 1) * bi].abs().max()
+    scale = (amax / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
+    q = (w / expand_scales(scale, (out_f, in_f), block)).to(torch.float8_e4m3fn)
+    return q, scale
