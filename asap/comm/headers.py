@@ -1,7 +1,9 @@
 """Typed message headers: the control-plane half of every message.
 
 A Header says what a message is (kind), whose it is (replica, layer,
-microbatch, seq) and how urgent it is (deadline, sent_at). It travels as a
+microbatch, seq), which epoch of its replica it belongs to (epoch: bumped on a
+timeout, so late answers of an abandoned step can be told apart and purged)
+and how urgent it is (deadline, sent_at). It travels as a
 fixed-size int64 tensor so that both transports can send it without pickling;
 the two float fields are stored bit-for-bit in int64 words.
 """
@@ -18,11 +20,12 @@ import torch
 class Kind(IntEnum):
     DISPATCH = 1   # attention -> expert: tokens to run through this rank's experts
     COMBINE = 2    # expert -> attention: the partial expert output for a dispatch
-    CONTROL = 3    # anything else (start/stop, step numbers); never touches the expert queues
+    CONTROL = 3    # anything else (start/stop); never touches the expert queues
+    BARRIER = 4    # sync step barrier: seq = step, microbatch = 1 if the sender has work (see barrier())
 
 
-# 7 int64 fields then 2 float64 fields, little-endian, 8 bytes each.
-_LAYOUT = struct.Struct("<7q2d")
+# 8 int64 fields then 2 float64 fields, little-endian, 8 bytes each.
+_LAYOUT = struct.Struct("<8q2d")
 HEADER_WORDS = _LAYOUT.size // 8
 
 
@@ -36,7 +39,8 @@ class Header:
     num_tokens: int       # rows in this message
     deadline: float = math.inf   # earliest TTFT deadline among the tokens' requests
     sent_at: float = 0.0         # time.monotonic() at send; monotonic is machine-wide on Linux
-    aux: int = 0                 # free field (e.g. a step number for the sync engine)
+    aux: int = 0                 # free field
+    epoch: int = 0               # the sending replica's epoch (asap.comm.mailbox: older epochs are purged)
 
     def __post_init__(self):
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -50,12 +54,12 @@ class Header:
 
     def to_bytes(self) -> bytes:
         return _LAYOUT.pack(int(self.kind), self.replica, self.layer, self.microbatch, self.seq,
-                            self.num_tokens, self.aux, self.deadline, self.sent_at)
+                            self.num_tokens, self.aux, self.epoch, self.deadline, self.sent_at)
 
     @classmethod
     def from_bytes(cls, data) -> "Header":
-        kind, replica, layer, mb, seq, num_tokens, aux, deadline, sent_at = _LAYOUT.unpack_from(data)
-        return cls(Kind(kind), replica, layer, mb, seq, num_tokens, deadline, sent_at, aux)
+        kind, replica, layer, mb, seq, num_tokens, aux, epoch, deadline, sent_at = _LAYOUT.unpack_from(data)
+        return cls(Kind(kind), replica, layer, mb, seq, num_tokens, deadline, sent_at, aux, epoch)
 
     def encode(self) -> torch.Tensor:
         """[HEADER_WORDS] int64 tensor (CPU)."""
@@ -66,3 +70,8 @@ class Header:
         if t.dtype != torch.int64 or t.numel() != HEADER_WORDS:
             raise ValueError(f"a header is {HEADER_WORDS} int64 words, got {t.numel()} x {t.dtype}")
         return cls.from_bytes(t.detach().cpu().contiguous().numpy().tobytes())
+
+
+def barrier(rank: int, step: int, has_work: bool, epoch: int = 0) -> Header:
+    """The sync engine's step-barrier flag: typed (Kind.BARRIER), carrying its step (seq)."""
+    return Header(Kind.BARRIER, rank, -1, int(has_work), step, 0, epoch=epoch)

@@ -1,12 +1,18 @@
 """The per-process mailbox: one place that drains the transport.
 
-A worker may wait for expert work, combine answers and control messages at
-different moments, but they all arrive on one transport. The Mailbox takes
-whatever has arrived and files it by kind, so that each waiter only ever looks
-at its own pile and no message is lost to the wrong reader:
+A worker may wait for expert work, combine answers, barrier flags and control
+messages at different moments, but they all arrive on one transport. The
+Mailbox takes whatever has arrived and files it by kind, so that each waiter
+only ever looks at its own pile and no message is lost to the wrong reader:
   DISPATCH -> `work`      (WorkQueue / dispatch_recv, expert side)
   COMBINE  -> `partials`  (CombineInbox / combine_recv, attention side)
+  BARRIER  -> `barriers`  (take_barrier: by step, checked on receipt)
   CONTROL  -> `control`   (take_control, FIFO)
+
+Bounded: every message carries its replica's epoch. A replica bumps its epoch
+when it gives up on a step (a timeout); from then on, work and partials of its
+older epochs are purged when the new epoch is first seen, and dropped if they
+arrive later. So answers that come after a timeout never pile up.
 """
 from __future__ import annotations
 
@@ -33,12 +39,23 @@ class WorkItem:
     topk_weights: torch.Tensor  # [T_r, K]; 0 where the pair belongs to another rank
 
 
+class StaleBarrier(RuntimeError):
+    """A barrier flag that contradicts the step this rank is at: ranks have drifted apart."""
+
+
 class Mailbox:
     def __init__(self, t: Transport):
         self.transport = t
         self.work: list[WorkItem] = []                                  # arrival order
         self.partials: dict[tuple, dict[int, torch.Tensor]] = {}       # key -> {src rank: partial}
+        self.arrived_at: dict[tuple, float] = {}                       # key -> when its last partial was filed
+        self._partial_epoch: dict[tuple, int] = {}                     # key -> its epoch
+        self.barriers: dict[int, dict[int, bool]] = {}                  # step -> {src rank: has work}
+        self.barrier_floor = 0                                           # flags of steps below are stale
         self.control: deque[Message] = deque()
+        self.epochs: dict[int, int] = {}                                # replica -> newest epoch seen
+        self.num_dropped = 0                                             # late messages of old epochs
+        self.num_stale_barriers = 0
 
     def pump(self, timeout: float | None) -> bool:
         """File everything that has arrived, waiting up to timeout (None = forever) for the first
@@ -61,8 +78,44 @@ class Mailbox:
             return None
         return wait_for(self, find, timeout)
 
+    def take_barrier(self, step: int, ranks, timeout: float | None) -> dict[int, bool] | None:
+        """Every rank's flag for `step` ({rank: has work}), waiting up to timeout; None if some are missing
+        (the flags that came stay filed, so a retry of the same step loses nothing)."""
+        if step < self.barrier_floor:
+            raise StaleBarrier(f"barrier for step {step} asked after step {self.barrier_floor - 1} completed")
+        want = set(ranks)
+        if not wait_for(self, lambda: want <= self.barriers.get(step, {}).keys(), timeout):
+            return None
+        flags = self.barriers.pop(step)
+        self.barrier_floor = step + 1
+        return flags
+
+    def has_barrier(self, step: int) -> bool:
+        """Whether any rank's flag for `step` has been filed (a peer has started that step)."""
+        return bool(self.barriers.get(step))
+
+    def advance_epoch(self, replica: int, epoch: int) -> None:
+        """`replica` gave up on everything before `epoch`: purge what is filed of older epochs."""
+        if epoch <= self.epochs.get(replica, 0):
+            return
+        self.epochs[replica] = epoch
+        keep = [w for w in self.work if not (w.header.replica == replica and w.header.epoch < epoch)]
+        self.num_dropped += len(self.work) - len(keep)
+        self.work[:] = keep
+        for key in [k for k, e in self._partial_epoch.items() if k[0] == replica and e < epoch]:
+            self.num_dropped += len(self.partials.pop(key, {}))
+            self.arrived_at.pop(key, None)
+            del self._partial_epoch[key]
+
     def _file(self, msg: Message) -> None:
         h = msg.header
+        if h.kind in (Kind.DISPATCH, Kind.COMBINE):
+            newest = self.epochs.get(h.replica, 0)
+            if h.epoch < newest:
+                self.num_dropped += 1
+                return
+            if h.epoch > newest:
+                self.advance_epoch(h.replica, h.epoch)
         if h.kind == Kind.DISPATCH:
             if len(msg.tensors) != 3:
                 raise RuntimeError(f"DISPATCH from rank {msg.src} has {len(msg.tensors)} tensors, expected 3")
@@ -72,8 +125,27 @@ class Mailbox:
             if msg.src in got:
                 raise RuntimeError(f"second COMBINE for {h.key} from rank {msg.src}")
             got[msg.src] = msg.tensors[0]
+            self.arrived_at[h.key] = time.monotonic()
+            self._partial_epoch[h.key] = h.epoch
+        elif h.kind == Kind.BARRIER:
+            self._file_barrier(msg.src, h.seq, bool(h.microbatch))
         else:
             self.control.append(msg)
+
+    def _file_barrier(self, src: int, step: int, has_work: bool) -> None:
+        if step < self.barrier_floor:       # a flag for a step already passed: detected, counted, dropped
+            self.num_stale_barriers += 1
+            return
+        if step > self.barrier_floor + 1:   # a peer can be at most one step ahead of a rank it waits for
+            raise StaleBarrier(f"rank {src} sent the flag of step {step} while this rank is at step "
+                               f"{self.barrier_floor}: ranks drifted apart")
+        # A flag resent for the same step (a retry after a timeout) replaces the first: the latest word counts.
+        self.barriers.setdefault(step, {})[src] = has_work
+
+    def forget(self, key: tuple) -> None:
+        """Drop the bookkeeping of a combine that has been taken (combine_recv pops the partials)."""
+        self.arrived_at.pop(key, None)
+        self._partial_epoch.pop(key, None)
 
 
 def wait_for(mailbox: Mailbox, find: Callable[[], T], timeout: float | None,

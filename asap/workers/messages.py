@@ -24,6 +24,11 @@ class Shutdown:
     pass
 
 
+@dataclass(frozen=True)
+class Wake:                        # a sync rank to itself: a peer started a step while this rank was idle
+    pass
+
+
 @dataclass
 class Result:                      # worker -> engine
     request_id: int
@@ -34,6 +39,13 @@ class Result:                      # worker -> engine
     error: str | None = None
     finished_at: float = 0.0
     prompt_logprobs: object = None # (token_logprobs [T-1], top_ids [T-1,k], top_logprobs [T-1,k]) if asked
+
+
+@dataclass
+class Started:                     # worker -> engine: a request's first chunk is scheduled (queue time, running)
+    request_id: int
+    replica: int
+    at: float
 
 
 @dataclass

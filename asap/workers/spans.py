@@ -1,16 +1,25 @@
-"""Per-worker time accounting: compute, stall (waiting on peers) and idle spans."""
+"""Per-worker time accounting: compute, stall (waiting on peers) and idle spans.
+
+Bounded: spans wait in a ring of `capacity` entries until the loop flushes them
+to the engine; if nobody flushes for that long the oldest are dropped (and
+counted), so a long-lived worker never grows without bound.
+"""
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 
 KINDS = ("compute", "stall", "idle")
 
 
 class SpanRecorder:
-    def __init__(self, worker: str, flush_every_s: float = 0.5):
+    def __init__(self, worker: str, flush_every_s: float = 0.5, capacity: int = 65536):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.worker, self.flush_every_s = worker, flush_every_s
-        self.pending: list[tuple[str, float, float]] = []
+        self.pending: deque[tuple[str, float, float]] = deque(maxlen=capacity)
+        self.num_dropped = 0
         self._last_flush = time.monotonic()
 
     @contextmanager
@@ -26,6 +35,8 @@ class SpanRecorder:
             if self.pending and self.pending[-1][0] == kind and start - self.pending[-1][2] < 1e-4:
                 self.pending[-1] = (kind, self.pending[-1][1], end)     # merge back-to-back spans
             else:
+                if len(self.pending) == self.pending.maxlen:
+                    self.num_dropped += 1
                 self.pending.append((kind, start, end))
 
     def take(self, force: bool = False) -> list | None:
@@ -33,7 +44,8 @@ class SpanRecorder:
         if not self.pending or (not force and now - self._last_flush < self.flush_every_s):
             return None
         self._last_flush = now
-        out, self.pending = self.pending, []
+        out = list(self.pending)
+        self.pending.clear()
         return out
 
 

@@ -1,120 +1,127 @@
 """The synchronous DP+EP baseline (SGLang/vLLM DP-attention + EP) on the same parts.
 
 Every rank is an attention replica plus 1/N of the experts. A step starts only
-when every rank starts it (idle ranks run an empty batch), and every MoE layer
-is an all-to-all dispatch plus an all-to-all combine that every rank must reach.
-It reuses the Replica, the scheduler, the model stages and the comm primitives
-of the async engine: only this loop differs.
+when every rank starts it (idle ranks run an empty batch): a step barrier of
+typed flags that carry their step number (asap.comm.Mailbox.take_barrier checks
+them on receipt). Every MoE layer is an all-to-all dispatch plus an all-to-all
+combine that every rank must reach (asap.workers.exchange.AllToAll). The step
+itself is the same pipeline the async replicas drive (asap.workers.step):
+only the exchange and the barrier differ.
+
+While every rank is idle nobody polls: each rank blocks on its control queue,
+and a listener thread blocks on the transport; whichever wakes first (a request
+for this rank, or a peer's flag for the next step) starts the next barrier.
 """
 from __future__ import annotations
 
+import threading
 import time
 
-import torch
-
-from asap.comm import CombineInbox, Header, Kind, Mailbox, WorkQueue, combine_recv, combine_send, dispatch_recv, \
-    dispatch_send
-from asap.comm import CommTimeout
+from asap.comm import CommTimeout, Mailbox
+from asap.comm.headers import barrier as barrier_flag
 from asap.comm.loopback import Loopback
+from asap.workers.exchange import AllToAll
+from asap.workers.messages import Wake
 from asap.workers.replica import Replica
-
-
-class _StepSelector:
-    """Selects every dispatch of one (step, layer, micro-batch): the all-to-all's receive side."""
-
-    def __init__(self):
-        self.key = None
-
-    def select(self, ready, now):   # WorkInfo.key = (src, replica, layer, microbatch, seq); seq is the step
-        return [i for i, w in enumerate(ready) if (w.key[4], w.key[2], w.key[3]) == self.key]
+from asap.workers.step import run_step
 
 
 def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool):
     transport = Loopback(transport)
     mailbox = Mailbox(transport)
-    inbox, queue, sel = CombineInbox(mailbox), WorkQueue(mailbox), _StepSelector()
-    ranks = list(range(transport.world_size))
+    exchange = AllToAll(transport, mailbox, dest, replica.index, compute, ctx.spans)
+    ranks = exchange.ranks
     k = 2 if tbo else 1
-    step = 0
+    step, sent = 0, False
     while ctx.running():
-        ctx.intake(replica, block=False, wait_s=0.002 if not replica.has_work else 0.0)
+        ctx.intake(replica, block=False, wait_s=0.0)
         t0 = time.monotonic()
         try:
-            anyone = _barrier(mailbox, transport, ranks, step, replica.has_work, ctx.comm_timeout_s)
-        except CommTimeout as e:
+            flags = barrier(mailbox, transport, ranks, step, replica.has_work, ctx.comm_timeout_s, send=not sent)
+        except CommTimeout as e:     # the same step is tried again: the flags that came stay filed
+            sent = False
             replica.fail(list(replica.prompts), f"a rank did not reach the step barrier: {e}")
             ctx.flush()
             continue
         ctx.spans.add("stall" if replica.has_work else "idle", t0, time.monotonic())
-        if not anyone:
+        sent = False
+        if not any(flags.values()):
             replica.flush_routing()
-            step += 1
             ctx.flush()
+            step += 1
+            sent = idle_wait(ctx, replica, mailbox, transport, ranks, step)
             continue
         schedule, mbs = replica.plan(time.monotonic(), k, exact_k=True)
-        pending: list = [None] * k
+        exchange.begin_step(step)
         try:
-            for layer in range(compute.cfg.num_layers):
-                for i, mb in enumerate(mbs):
-                    if pending[i] is not None:
-                        mb.h = _collect(ctx, compute, inbox, pending[i])
-                        pending[i] = None
-                    with ctx.spans.span("compute"):
-                        s = replica.attention(mb, layer)
-                    if s.x is None:
-                        mb.h = s.h
-                        continue
-                    pc = dispatch_send(transport, s.x, s.topk_ids, s.topk_weights, dest(layer, s.topk_ids),
-                                       replica=replica.index, layer=layer, microbatch=i, seq=step, always_to=ranks)
-                    _serve(ctx, compute, queue, transport, sel, (step, layer, i), len(ranks))
-                    pending[i] = (s.h, pc)
-            for i, mb in enumerate(mbs):
-                if pending[i] is not None:
-                    mb.h = _collect(ctx, compute, inbox, pending[i])
+            run_step(ctx, replica, mbs, exchange)
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
         except CommTimeout as e:
+            exchange.abandon()
             replica.fail(list(schedule), f"a rank did not reach the all-to-all: {e}")
         step += 1
         ctx.flush()
 
 
-def _barrier(mailbox, transport, ranks, step, has_work, timeout) -> bool:
-    """Every rank announces whether it has work; returns whether any rank does. Waits for all ranks."""
-    flag = Header(Kind.CONTROL, transport.rank, -1, int(has_work), step, 0, aux=step)
-    for r in ranks:
-        transport.send(r, flag, [])
-    anyone = False
-    for r in ranks:
-        msg = mailbox.take_control(src=r, timeout=timeout)
-        if msg is None:
-            raise CommTimeout(f"rank {r} missed step {step}")
-        anyone |= bool(msg.header.microbatch)
-    return anyone
+def barrier(mailbox, transport, ranks, step: int, has_work: bool, timeout: float, send: bool = True) -> dict:
+    """Every rank announces whether it has work for `step`; returns {rank: has work}. Waits for all ranks."""
+    if send:
+        flag = barrier_flag(transport.rank, step, has_work)
+        for r in ranks:
+            transport.send(r, flag, [])
+    flags = mailbox.take_barrier(step, ranks, timeout)
+    if flags is None:
+        missing = sorted(set(ranks) - mailbox.barriers.get(step, {}).keys())
+        raise CommTimeout(f"ranks {missing} missed the barrier of step {step}")
+    return flags
 
 
-def _serve(ctx, compute, queue, transport, sel, key, n):
-    """The all-to-all's expert side: wait for the dispatch of every rank, then run this shard on each."""
-    sel.key, got = key, []
-    t0 = time.monotonic()
-    while len(got) < n:
-        items = dispatch_recv(queue, timeout=ctx.comm_timeout_s, selector=sel)
-        if not items:
-            raise CommTimeout(f"all-to-all {key}: {len(got)}/{n} ranks arrived")
-        got.extend(items)
-    ctx.spans.add("stall", t0, time.monotonic())
-    with ctx.spans.span("compute"):
-        layer = key[1]
-        sizes = [it.x.shape[0] for it in got]
-        partial = compute.experts(layer, torch.cat([it.x for it in got]), torch.cat([it.topk_ids for it in got]),
-                                  torch.cat([it.topk_weights for it in got]))
-        for it, part in zip(got, partial.split(sizes)):
-            combine_send(transport, it, part.contiguous())
+def idle_wait(ctx, replica, mailbox, transport, ranks, step: int) -> bool:
+    """Block until this rank gets a request or a peer starts `step`. Returns whether this rank has
+    already sent its flag for `step` (it does so at once when a request wakes it, to wake the peers)."""
+    if mailbox.has_barrier(step) or replica.has_work:
+        return False
+    if len(ranks) == 1:
+        while ctx.running() and not replica.has_work:
+            ctx.intake(replica, block=True, wait_s=0.2)
+        return False
+    listener = _Listener(transport, ctx.control)
+    listener.start()
+    sent = False
+    try:
+        while ctx.running() and not replica.has_work and not listener.got:
+            ctx.intake(replica, block=True, wait_s=0.2)
+        if replica.has_work and not listener.got:
+            # Wake the peers (their listeners get this flag), whose flags then end our listener's wait.
+            flag = barrier_flag(transport.rank, step, True)
+            for r in ranks:
+                transport.send(r, flag, [])
+            sent = True
+    finally:
+        listener.stop.set()
+        listener.join()
+        for msg in listener.got:
+            mailbox._file(msg)
+    return sent
 
 
-def _collect(ctx, compute, inbox, pend):
-    residual, pc = pend
-    with ctx.spans.span("stall"):
-        partial = combine_recv(inbox, pc, timeout=ctx.comm_timeout_s)
-    with ctx.spans.span("compute"):
-        return compute.combine(residual, [partial])
+class _Listener(threading.Thread):
+    """Blocks on the transport while the rank blocks on its control queue; the first message it gets
+    wakes the rank (a Wake on its own control queue). The main thread only sends meanwhile (its
+    outbound rings), the listener only receives (the inbound ones): with every ring empty while all
+    ranks are idle, a ~300-byte flag never finds one full, so they never touch the same ring."""
+
+    def __init__(self, transport, control):
+        super().__init__(daemon=True, name="asap-idle-listener")
+        self.transport, self.control = transport, control
+        self.stop = threading.Event()
+        self.got: list = []
+
+    def run(self):
+        while not self.stop.is_set():
+            msg = self.transport.recv(0.1)
+            if msg is not None:
+                self.got.append(msg)
+                self.control.put(Wake())
+                return

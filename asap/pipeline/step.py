@@ -1,0 +1,143 @@
+"""One replica's step as a pure state machine: what to do next, given what is done.
+
+A step is k micro-batches going through every layer. Each (micro-batch i,
+layer L) is: Attend (the attention-side ops on the replica), and on a MoE layer
+Dispatch (hand the tokens to the experts) and later Wait (the combine must be
+back before micro-batch i runs layer L+1). The drivers - the async attention
+loop, the sync rank loop, and both simulated engines - ask `next()`, do it, and
+report back; none of them decides an order of its own.
+
+The order is round-robin, layer-major: (L=0, i=0), (0, 1), ..., (0, k-1),
+(1, 0), ... Why this one:
+  - a request split across micro-batches needs piece i's KV of layer L before
+    piece i+1 runs layer L; this order gives that by construction;
+  - the sync engine's all-to-alls are collectives: every rank must reach
+    (L, i) in the same order, so that order must be fixed, not "earliest
+    ready" (SGLang TBO and vLLM DBO use this order too);
+  - micro-batches are token-balanced to within one token
+    (asap.scheduler.microbatch), so "earliest ready" would almost always pick
+    the same one, at the price of a replica-local, timing-dependent order that
+    the simulator could not match event by event.
+While micro-batch i waits for its combine, the replica has run the attention of
+the k-1 others: with k micro-batches, (k-1) attentions hide one expert round trip.
+
+Shapes and tensors are the driver's business: this file knows only indices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Attend:
+    mb: int
+    layer: int
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    mb: int
+    layer: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block (runtime) or wait for the event (simulator) until (mb, layer)'s combine is back."""
+    mb: int
+    layer: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Every micro-batch has run every layer: compute the logits, hand results out."""
+
+
+FINISH = Finish()
+Action = Attend | Dispatch | Wait | Finish
+
+
+class StepPipeline:
+    def __init__(self, num_microbatches: int, moe_layers: Sequence[bool]):
+        if num_microbatches < 1:
+            raise ValueError(f"a step needs >= 1 micro-batch, got {num_microbatches}")
+        if len(moe_layers) < 1:
+            raise ValueError("a model needs >= 1 layer")
+        self.k, self.moe = num_microbatches, tuple(bool(m) for m in moe_layers)
+        self.num_layers = len(self.moe)
+        self._cursor = 0                        # next (layer, mb) to attend, layer-major
+        self._to_dispatch: tuple[int, int] | None = None
+        self._in_flight: dict[int, int] = {}    # mb -> layer dispatched, combine not back yet
+        self._sent_at: dict[int, float] = {}
+        self.finished = False
+        # Per-step measurements for the depth policy (asap.pipeline.depth), in the driver's clock.
+        self.attn_s = self.roundtrip_s = 0.0
+        self.num_attn = self.num_roundtrips = 0
+
+    def next(self) -> Action:
+        if self.finished:
+            raise RuntimeError("the step has finished")
+        if self._to_dispatch is not None:
+            return Dispatch(*self._to_dispatch)
+        if self._cursor == self.k * self.num_layers:
+            if self._in_flight:
+                mb = min(self._in_flight, key=lambda i: (self._in_flight[i], i))
+                return Wait(mb, self._in_flight[mb])
+            return FINISH
+        layer, mb = divmod(self._cursor, self.k)
+        if mb in self._in_flight:
+            return Wait(mb, self._in_flight[mb])
+        return Attend(mb, layer)
+
+    def attended(self, mb: int, layer: int, seconds: float = 0.0) -> None:
+        self._expect(Attend(mb, layer))
+        self._cursor += 1
+        self.attn_s += seconds
+        self.num_attn += 1
+        if self.moe[layer]:
+            self._to_dispatch = (mb, layer)
+
+    def dispatched(self, mb: int, layer: int, now: float = 0.0) -> None:
+        self._expect(Dispatch(mb, layer))
+        self._to_dispatch = None
+        self._in_flight[mb] = layer
+        self._sent_at[mb] = now
+
+    def combined(self, mb: int, layer: int, now: float = 0.0) -> None:
+        """(mb, layer)'s combine is back (the simulator may report it before the pipeline asks)."""
+        if self._in_flight.get(mb) != layer:
+            raise RuntimeError(f"combine of micro-batch {mb} layer {layer} was not in flight "
+                               f"(in flight: {self._in_flight})")
+        del self._in_flight[mb]
+        self.roundtrip_s += max(0.0, now - self._sent_at.pop(mb))
+        self.num_roundtrips += 1
+
+    def finish(self) -> None:
+        self._expect(FINISH)
+        self.finished = True
+
+    def waiting_on(self, mb: int) -> int | None:
+        """The layer whose combine micro-batch mb awaits, None if none is in flight."""
+        return self._in_flight.get(mb)
+
+    def _expect(self, action: Action) -> None:
+        want = self.next()
+        if want != action:
+            raise RuntimeError(f"step pipeline: the driver did {action}, the pipeline expected {want}")
+
+
+def order(num_microbatches: int, moe_layers: Sequence[bool]) -> list[Action]:
+    """The whole action sequence of a step when every combine comes back before it is awaited."""
+    p, out = StepPipeline(num_microbatches, moe_layers), []
+    while True:
+        a = p.next()
+        out.append(a)
+        if isinstance(a, Attend):
+            p.attended(a.mb, a.layer)
+        elif isinstance(a, Dispatch):
+            p.dispatched(a.mb, a.layer)
+        elif isinstance(a, Wait):
+            p.combined(a.mb, a.layer)
+        else:
+            p.finish()
+            return out

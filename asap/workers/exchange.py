@@ -1,0 +1,173 @@
+"""The runtime's two expert exchanges (asap.pipeline.exchange): point-to-point and all-to-all.
+
+PointToPoint (async): a dispatch goes to the expert workers that own the chosen
+experts; a combine waits for those workers only.
+
+AllToAll (sync): every rank sends every rank its tokens for (step, L, i), empty
+messages included, and is itself 1/N of the experts. Collective semantics: a
+rank serves its shard of (step, L, i) only once all N dispatches are in, and
+serves keys in the order it dispatched them (the pipeline order, the same on
+every rank), so the all-to-alls cannot deadlock. The collective does not block
+the caller: `dispatch` returns at once and the serving happens while waiting
+for a combine, so with two micro-batches, micro-batch i+1's attention runs while
+micro-batch i's all-to-all is in flight (SGLang TBO, vLLM DBO).
+
+Both stamp the replica's epoch on what they send; `abandon` (after a timeout)
+bumps it, so the mailboxes purge the late answers of the abandoned step.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import replace
+
+import torch
+
+from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
+
+
+class _Stamped:
+    """The transport as dispatch_send sees it: every header gets this replica's current epoch."""
+
+    def __init__(self, transport, epoch: int):
+        self.transport, self.epoch = transport, epoch
+
+    def send(self, dst, header, tensors):
+        self.transport.send(dst, replace(header, epoch=self.epoch), tensors)
+
+
+class PointToPoint:
+    def __init__(self, transport, mailbox, dest, replica: int, spans):
+        self.transport, self.mailbox, self.dest, self.replica, self.spans = transport, mailbox, dest, replica, spans
+        self.inbox = CombineInbox(mailbox)
+        self.epoch = self.seq = 0
+        self.deadlines: list[float] = []          # per micro-batch of the current step (deadline-first experts)
+        self._pending: dict[tuple[int, int], tuple] = {}    # (mb, layer) -> (PendingCombine, sent_at)
+        self._arrived: dict[tuple[int, int], float] = {}
+
+    def dispatch(self, mb: int, layer: int, out) -> None:
+        deadline = self.deadlines[mb] if mb < len(self.deadlines) else math.inf
+        pc = dispatch_send(_Stamped(self.transport, self.epoch), out.x, out.topk_ids, out.topk_weights,
+                           self.dest(layer, out.topk_ids), replica=self.replica, layer=layer, microbatch=mb,
+                           seq=self.seq, deadline=deadline)
+        self.seq += 1
+        self._pending[(mb, layer)] = (pc, time.monotonic())
+        self._arrived.pop((mb, layer), None)
+
+    def poll(self) -> None:
+        self.mailbox.pump(0)
+
+    def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
+        pc, sent_at = self._pending.pop((mb, layer))
+        with self.spans.span("stall"):
+            partial = combine_recv(self.inbox, pc, timeout=timeout)
+        self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, sent_at)
+        self.mailbox.forget(pc.key)
+        return partial
+
+    def arrival(self, mb: int, layer: int) -> float | None:
+        return self._arrived.get((mb, layer))
+
+    def abandon(self) -> None:
+        self.epoch += 1
+        self._pending.clear()
+        self._arrived.clear()
+        self.mailbox.advance_epoch(self.replica, self.epoch)
+
+
+class _KeySelector:
+    """Selects every dispatch of one (step, layer, micro-batch): the all-to-all's receive side."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def select(self, ready, now):   # WorkInfo.key = (src, replica, layer, microbatch, seq); seq is the step
+        return [i for i, w in enumerate(ready) if (w.key[4], w.key[2], w.key[3]) == self.key]
+
+
+class AllToAll:
+    def __init__(self, transport, mailbox, dest, rank: int, compute, spans):
+        self.transport, self.mailbox, self.dest, self.rank = transport, mailbox, dest, rank
+        self.compute, self.spans = compute, spans
+        self.ranks = list(range(transport.world_size))
+        self.inbox, self.queue = CombineInbox(mailbox), WorkQueue(mailbox)
+        self.epoch = self.step = 0
+        self._pending: dict[tuple[int, int], object] = {}   # (mb, layer) -> PendingCombine
+        self._to_serve: deque[tuple[int, int, int]] = deque()   # (step, layer, mb), in dispatch order
+        self._arrived: dict[tuple[int, int], float] = {}
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        stale = [w for w in self.mailbox.work if w.header.seq < step]   # a dispatch of a step given up on
+        if stale:
+            self.mailbox.work[:] = [w for w in self.mailbox.work if w.header.seq >= step]
+            self.mailbox.num_dropped += len(stale)
+
+    def dispatch(self, mb: int, layer: int, out) -> None:
+        pc = dispatch_send(_Stamped(self.transport, self.epoch), out.x, out.topk_ids, out.topk_weights,
+                           self.dest(layer, out.topk_ids), replica=self.rank, layer=layer, microbatch=mb,
+                           seq=self.step, always_to=self.ranks)
+        self._pending[(mb, layer)] = pc
+        self._to_serve.append((self.step, layer, mb))
+        self._arrived.pop((mb, layer), None)
+
+    def poll(self) -> None:
+        self.mailbox.pump(0)
+
+    def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
+        """Serve this shard for every key whose N dispatches are in (in order) until (mb, layer)'s own
+        combine is complete, then return it."""
+        pc = self._pending.pop((mb, layer))
+        key = (self.step, layer, mb)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.mailbox.pump(0)
+        while True:
+            while self._to_serve and self._all_in(self._to_serve[0]):
+                self._serve(self._to_serve.popleft())
+            got = self.mailbox.partials.get(pc.key, {})
+            if key not in self._to_serve and pc.rows.keys() <= got.keys():
+                break
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                have = {w.src for w in self.mailbox.work if (w.header.seq, w.header.layer, w.header.microbatch)
+                        == key}
+                raise CommTimeout(f"all-to-all {key}: dispatches from {sorted(have)} of {len(self.ranks)} ranks, "
+                                  f"combines from {sorted(got)} of {sorted(pc.rows)}")
+            t0 = time.monotonic()
+            self.mailbox.pump(wait)
+            self.spans.add("stall", t0, time.monotonic())
+        partial = combine_recv(self.inbox, pc, timeout=0)
+        self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, time.monotonic())
+        self.mailbox.forget(pc.key)
+        return partial
+
+    def arrival(self, mb: int, layer: int) -> float | None:
+        return self._arrived.get((mb, layer))
+
+    def abandon(self) -> None:
+        self.epoch += 1
+        self._pending.clear()
+        self._to_serve.clear()
+        self._arrived.clear()
+        self.mailbox.advance_epoch(self.rank, self.epoch)
+
+    def _all_in(self, key) -> bool:
+        return sum((w.header.seq, w.header.layer, w.header.microbatch) == key
+                   for w in self.mailbox.work) >= len(self.ranks)
+
+    def _serve(self, key) -> None:
+        items = dispatch_recv(self.queue, timeout=0, selector=_KeySelector(key))
+        with self.spans.span("compute"):
+            serve_experts(self.compute, self.transport, items)
+
+
+def serve_experts(compute, transport, items) -> None:
+    """The expert side of both engines: one batch of same-layer work items through this shard, each
+    partial back to the rank it came from."""
+    layer = items[0].header.layer
+    sizes = [it.x.shape[0] for it in items]
+    partial = compute.experts(layer, torch.cat([it.x for it in items]), torch.cat([it.topk_ids for it in items]),
+                              torch.cat([it.topk_weights for it in items]))
+    for it, part in zip(items, partial.split(sizes)):
+        combine_send(transport, it, part.contiguous())
