@@ -1,23 +1,31 @@
 """The FastAPI app: HTTP routes over a PrefillService (service.py). Endpoints and shapes: README.md here.
 
 Every error, ours or the framework's (unknown route, wrong method), has the OpenAI shape
-{"error": {"message", "type", "param", "code"}}.
+{"error": {"message", "type", "param", "code"}}. Handlers only do I/O: parsing, tokenising, sampling
+and KV encoding run in the service's thread pool.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+import asap
+from asap.server.auth import ApiKeyMiddleware
 from asap.server.config import ServerConfig
-from asap.server.protocol import ApiError
+from asap.server.protocol import ApiError, SafeJSONResponse
 from asap.server.service import PrefillService
+from asap.server.sse import HEADERS
+from asap.server.tokens import detokenize, tokenize
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def _error(e: ApiError) -> SafeJSONResponse:
+    return SafeJSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -33,17 +41,33 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _watch_drain(service: PrefillService, grace_s: float) -> None:
+    """Once shutdown starts, requests still waiting near the end of the grace period get a 503 JSON
+    (not a cancelled task's plain 500)."""
+    while not service.supervisor.draining:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(max(0.0, grace_s - min(1.0, grace_s / 4)))
+    service.cut_off()
+
+
 def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastAPI:
     service = PrefillService(llm, cfg, model_name, tokenizer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.supervisor.start()
+        drain = asyncio.get_running_loop().create_task(_watch_drain(service, cfg.shutdown_timeout_s))
         yield
+        drain.cancel()
+        service.cut_off()
         await service.supervisor.stop()
+        service.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="ASAP prefill server", lifespan=lifespan)
+    app = FastAPI(title="ASAP prefill server", lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.service = service
+    api_key = cfg.api_key or os.environ.get("ASAP_API_KEY", "")
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -53,29 +77,68 @@ def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastA
     async def http_error(request, e: HTTPException):
         return _error(ApiError(e.status_code, str(e.detail), headers=getattr(e, "headers", None)))
 
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, e):
+        return _error(ApiError(400, "invalid request"))
+
+    async def body_of(request: Request) -> bytes:
+        try:
+            return await _read_body(request, cfg.max_body_kb * 1024)
+        except ApiError:
+            service.metrics.count("invalid")
+            raise
+
+    async def answer(kind: str, request: Request):
+        result = await service.handle(kind, await body_of(request), str(request.base_url))
+        if isinstance(result, dict):
+            return SafeJSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream", headers=HEADERS)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        try:
-            body = await _read_body(request, cfg.max_body_kb * 1024)
-        except ApiError:
-            service.metrics.requests.labels("invalid").inc()
-            raise
-        return await service.complete(body)
+        return await answer("completion", request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await answer("chat", request)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        return await service.off_loop(tokenize, await body_of(request), service.ctx)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        return await service.off_loop(detokenize, await body_of(request), service.ctx)
 
     @app.get("/v1/kv/{handle}")
     async def claim_kv(handle: str):
-        return Response(service.claim_kv(handle), media_type="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{handle}.safetensors"'})
+        chunks, size = await service.claim_kv(handle)
+        return StreamingResponse(chunks, media_type="application/octet-stream",     # a sync iterator: sent
+                                 headers={"Content-Length": str(size)})               # from a worker thread
 
     @app.get("/health")
     async def health():
         body = service.health()
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return SafeJSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "asap", "root": model_name,
+                "parent": None, "max_model_len": llm.cfg.max_position_embeddings}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "asap",
-                                            "max_model_len": llm.cfg.max_position_embeddings}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"model not served here; this server serves {model_name!r}", kind="not_found_error",
+                           param="model")
+        return model_card()
+
+    @app.get("/version")
+    async def version():
+        return {"version": getattr(asap, "__version__", "0.1.0")}
 
     @app.get("/metrics")
     async def prometheus():

@@ -18,19 +18,22 @@ class ServerConfig:
     served_model_name: str = _f("", "model name in the API (default: the model argument)")
     max_pending: int = _f(256, "requests admitted at once (waiting + running); beyond it: 503 + Retry-After")
     request_timeout_s: float = _f(300.0, "an admitted request that takes longer gets 504")
-    kv_ttl_s: float = _f(60.0, "an unclaimed KV cache is dropped this long after its prefill")
+    kv_ttl_s: float = _f(60.0, "a KV cache kept for a remote decode (kv_transfer_params) is dropped this long "
+                               "after its prefill if nobody pulls it")
     kv_max_mb: float = _f(1024.0, "memory for unclaimed KV caches; past it the oldest are evicted")
     max_body_kb: int = _f(1024, "largest accepted request body (413 beyond)")
     auto_restart: bool = _f(True, "restart the workers when one dies")
     shutdown_timeout_s: float = _f(30.0, "on SIGTERM/SIGINT, wait this long for requests in flight")
     metrics_window_s: float = _f(10.0, "per-worker busy/stall gauges cover the last this-many seconds")
+    api_key: str = _f("", "require `Authorization: Bearer KEY` on every endpoint but /health (env: ASAP_API_KEY)")
+    parse_threads: int = _f(2, "threads that parse JSON, tokenise, sample and encode KV off the event loop")
     access_log: bool = _f(False, "log every HTTP request")
     log_level: str = _f("info", "uvicorn log level")
 
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        for name in ("max_pending", "max_body_kb"):
+        for name in ("max_pending", "max_body_kb", "parse_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("request_timeout_s", "kv_ttl_s", "shutdown_timeout_s", "metrics_window_s"):

@@ -1,8 +1,9 @@
 """Prefilled KV caches waiting to be claimed by a decode instance.
 
-Each completion's KV cache is kept under a random handle until it is claimed
-(GET /v1/kv/{handle}: served once, then freed) or expires `ttl_s` after the
-prefill. Memory is bounded by `max_bytes`: when a new cache does not fit, the
+A completion asked for with kv_transfer_params {"do_remote_decode": true} keeps its KV cache under a
+random handle until it is claimed (GET /v1/kv/{handle}: served once, then freed) or expires `ttl_s`
+after the prefill; other requests keep nothing. The handle is a bearer capability: whoever holds it
+can read that one cache, once. Memory is bounded by `max_bytes`: when a new cache does not fit, the
 OLDEST unclaimed caches are evicted (requests are never refused for want of KV
 space); a single cache larger than `max_bytes` is not kept at all.
 
@@ -10,7 +11,7 @@ Wire format: one safetensors file. Tensors are named `layers.{i}.{name}` with
 the per-layer names of PrefillOutput.kv: MLA (DeepSeek-V3) `kv_latent`
 [T, kv_lora_rank] and `k_rope` [T, qk_rope_head_dim]; GQA (Qwen3-MoE) `k`, `v`
 [T, num_kv_heads, head_dim]. T is the prompt length. String metadata: see
-`kv_metadata`.
+`kv_metadata`. Encoding (safetensors) runs on a worker thread, never on the event loop.
 """
 from __future__ import annotations
 
@@ -47,14 +48,32 @@ class _Entry:
     metadata: dict[str, str]
 
 
+def encode(entry: "_Entry") -> bytes:
+    """The cache as one safetensors file (CPU-heavy for big caches: call it off the event loop)."""
+    return save(entry.tensors, metadata=entry.metadata)
+
+
+def transfer_params(handle: str, base_url: str, engine_id: str, num_tokens: int, num_bytes: int,
+                    ttl_s: float) -> dict:
+    """The response's kv_transfer_params (vLLM's P/D convention: the decode side pulls from the prefill side)."""
+    host_port = base_url.split("://", 1)[-1].rstrip("/")
+    host, _, port = host_port.rpartition(":")
+    return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": engine_id,
+            "remote_request_id": handle, "remote_host": host or host_port, "remote_port": int(port) if
+            port.isdigit() else None, "remote_block_ids": None, "tp_size": 1,
+            "kv_url": f"{base_url.rstrip('/')}/v1/kv/{handle}", "kv_format": "safetensors",
+            "num_tokens": num_tokens, "num_bytes": num_bytes, "expires_in_s": ttl_s}
+
+
 class KVStore:
-    """Not thread-safe: the server only touches it from its event loop."""
+    """Not thread-safe: the server only touches it from its event loop (encoding happens elsewhere)."""
 
     def __init__(self, max_bytes: int, ttl_s: float, clock=time.monotonic):
         self.max_bytes, self.ttl_s, self.clock = max_bytes, ttl_s, clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()   # oldest first (one TTL for all)
         self.num_bytes = 0
         self.num_evicted = {"ttl": 0, "memory": 0}
+        self.num_stored = self.num_claimed = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,16 +89,18 @@ class KVStore:
         handle = "kv-" + secrets.token_hex(16)
         self._entries[handle] = _Entry(self.clock() + self.ttl_s, size, tensors, metadata)
         self.num_bytes += size
+        self.num_stored += 1
         return handle
 
-    def take(self, handle: str) -> bytes | None:
-        """The cache as safetensors bytes, removed from the store; None if unknown, claimed or expired."""
+    def take(self, handle: str) -> _Entry | None:
+        """The cache, removed from the store (encode() it off the loop); None if unknown, claimed or expired."""
         self.sweep()
         entry = self._entries.pop(handle, None)
         if entry is None:
             return None
         self.num_bytes -= entry.num_bytes
-        return save(entry.tensors, metadata=entry.metadata)
+        self.num_claimed += 1
+        return entry
 
     def sweep(self) -> None:
         now = self.clock()

@@ -1,25 +1,36 @@
-"""The request path of /v1/completions, and the server's live state (admission, KV store, supervisor).
+"""The request path of /v1/completions and /v1/chat/completions, and the server's live state.
 
-parse and check the body (4xx) -> engine healthy? (503) -> admission slot free? (503 + Retry-After)
--> llm.submit -> await the engine (504 past request_timeout_s; 5xx if the engine fails the request)
--> keep the KV cache under a handle -> 200. Every request is counted once, by outcome.
+parse + tokenise (thread pool; 4xx) -> engine healthy? (503) -> an admission slot per prompt (503 +
+Retry-After) -> llm.submit each prompt (prefilled concurrently) -> await the engine (504 past
+request_timeout_s; 503/500 if the engine fails) -> sample the first token(s) in the thread pool ->
+keep the KV only when kv_transfer_params asks -> one body, or SSE chunks as each prompt finishes.
+The event loop only does I/O. Every request is counted once, by outcome.
 """
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from asap.engine.runtime import EngineUnhealthy
 from asap.scheduler.errors import QueueFull, Rejected
+from asap.server import responses as R
 from asap.server.admission import Admission
+from asap.server.chat import load_chat_template
 from asap.server.config import ServerConfig
-from asap.server.kv_store import KVStore, kv_metadata, kv_tensors
+from asap.server.kv_store import KVStore, encode, kv_metadata, kv_tensors, transfer_params
 from asap.server.metrics import ServerMetrics
-from asap.server.protocol import ApiError, completion_body, parse_completion
+from asap.server.params import generation_defaults
+from asap.server.protocol import ApiError
+from asap.server.requests import Context, Job, parse_chat, parse_completion
+from asap.server.sampling import sample
+from asap.server.sse import DONE, error_event, event
 from asap.server.supervisor import Supervisor
+from asap.server.tokens import text_byte_cap
 
 RETRY = {"Retry-After": "1"}
+RETRIABLE = ("EngineUnhealthy", "EngineUnavailable", "EngineClosed")   # 503: retry (elsewhere, or after restart)
 
 
 class PrefillService:
@@ -28,73 +39,173 @@ class PrefillService:
         self.admission = Admission(cfg.max_pending)
         self.kv_store = KVStore(int(cfg.kv_max_mb * 2**20), cfg.kv_ttl_s)
         self.supervisor = Supervisor(llm, cfg.auto_restart, span_window_s=cfg.metrics_window_s)
-        self.metrics = ServerMetrics(self.snapshot)
+        self.metrics = ServerMetrics(self.snapshot, model_name)
+        self.pool = ThreadPoolExecutor(cfg.parse_threads, thread_name_prefix="asap-parse")
+        model_dir = getattr(llm, "model_dir", None)
+        self.ctx = Context(llm.cfg, tokenizer, model_name, text_byte_cap(tokenizer, llm.cfg), cfg.max_pending,
+                           generation_defaults(model_dir) if model_dir else {},
+                           load_chat_template(model_dir, tokenizer) if model_dir else None)
+        self.engine_id = "asap-" + secrets.token_hex(8)
+        self._waiting: set[asyncio.Future] = set()
 
-    async def complete(self, body: bytes) -> dict:
-        arrival, outcome = time.monotonic(), "failed"
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # ---- the request path -----------------------------------------------------------------------
+    async def handle(self, kind: str, body: bytes, base_url: str):
+        """-> a response body (dict), or an async iterator of SSE bytes when the request streams."""
+        arrival = time.monotonic()
         try:
-            req = parse_completion(body, self.llm.cfg, self.tokenizer, self.model_name)
-            out = await self._prefill(req.prompt_ids)
-            completion_id = "cmpl-" + secrets.token_hex(12)
-            kv = self._keep_kv(out, completion_id, len(req.prompt_ids)) if req.return_kv else None
-            text = self.tokenizer.decode([out.first_token]) if self.tokenizer is not None else ""
+            job = await self.off_loop(parse_completion if kind == "completion" else parse_chat, body, self.ctx)
+            waits = self._submit_all(job)
+        except ApiError as e:
+            self.metrics.count(e.outcome)
+            raise
+        rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
+        if job.common.stream:
+            return self._stream(job, rid, waits, arrival)
+        outcome = "failed"
+        try:
+            outs = await self._await_all(waits)
+            choices = []
+            for i, out in enumerate(outs):
+                self.metrics.observe_first_token(out, arrival)
+                choices += await self.off_loop(self._choices, job, i, out)
+            kv = await self._keep_kv(job, outs[0], rid, base_url) if job.common.keep_kv else None
             outcome = "ok"
-            self.metrics.ttft.observe(time.monotonic() - arrival)
-            return completion_body(completion_id, self.model_name, len(req.prompt_ids), out.first_token, text, kv)
+            return R.body(kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)
         except ApiError as e:
             outcome = e.outcome
             raise
         finally:
-            self.metrics.requests.labels(outcome).inc()
+            self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
 
-    async def _prefill(self, prompt_ids: list[int]):
-        """Admit, submit, await: the engine's PrefillOutput, or an ApiError saying why not."""
+    async def _stream(self, job: Job, rid: str, waits: list, arrival: float):
+        outcome = "failed"
+        try:
+            pending = {w: i for i, w in enumerate(waits)}
+            end = time.monotonic() + self.cfg.request_timeout_s
+            while pending:
+                done, _ = await asyncio.wait(pending, timeout=max(0.0, end - time.monotonic()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise self._timeout()
+                for w in done:
+                    i = pending.pop(w)
+                    out = self._result(w)
+                    self.metrics.observe_first_token(out, arrival)
+                    for c in await self.off_loop(self._choices, job, i, out):
+                        yield event(R.chunk(job.kind, rid, self.model_name, [c], self.tokenizer, None,
+                                            job.common.include_usage))
+            if job.common.include_usage:
+                yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, self._usage(job), True))
+            outcome = "ok"
+        except ApiError as e:
+            outcome = e.outcome
+            yield error_event(e)
+        finally:
+            self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
+        yield DONE
+
+    def _submit_all(self, job: Job) -> list[asyncio.Future]:
         if not self.supervisor.healthy:
             raise ApiError(503, f"engine unhealthy: {self.supervisor.reason or self.supervisor.why()}",
                            kind="unavailable_error", headers=RETRY, outcome="unavailable")
-        if not self.admission.try_admit():
-            raise ApiError(503, f"overloaded: {self.admission.capacity} requests already pending; retry later",
-                           kind="overloaded_error", headers=RETRY, outcome="rejected")
+        waits = []
+        for ids in job.prompts:
+            if not self.admission.try_admit():
+                raise ApiError(503, f"overloaded: {self.admission.capacity} requests already pending; retry later",
+                               kind="overloaded_error", headers=RETRY, outcome="rejected")
+            try:
+                k = job.prompt_logprobs
+                future = self.llm.submit(ids) if k is None else self.llm.submit(ids, prompt_logprobs=k)
+            except BaseException:
+                self.admission.release()
+                raise
+            future.add_done_callback(self.admission.release)      # the slot is held until the engine is done
+            wait = asyncio.wrap_future(future)
+            wait.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved even if abandoned
+            self._waiting.add(wait)
+            wait.add_done_callback(self._waiting.discard)
+            waits.append(wait)
+        return waits
+
+    async def _await_all(self, waits: list) -> list:
+        done, _ = await asyncio.wait(waits, timeout=self.cfg.request_timeout_s)   # never cancels the engine's
+        if len(done) < len(waits):
+            raise self._timeout()
+        return [self._result(w) for w in waits]
+
+    def _timeout(self) -> ApiError:
+        return ApiError(504, f"no first token within request_timeout_s={self.cfg.request_timeout_s}",
+                        kind="timeout_error", outcome="timeout")
+
+    @staticmethod
+    def _result(wait):
         try:
-            future = self.llm.submit(prompt_ids)
-        except BaseException:
-            self.admission.release()
+            return wait.result()
+        except ApiError:
             raise
-        future.add_done_callback(self.admission.release)      # the slot is held until the engine is done
-        waiting = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait([waiting], timeout=self.cfg.request_timeout_s)   # never cancels the engine's
-        if not done:
-            waiting.add_done_callback(lambda f: f.cancelled() or f.exception())        # nobody awaits it now
-            raise ApiError(504, f"no first token within request_timeout_s={self.cfg.request_timeout_s}",
-                           kind="timeout_error", outcome="timeout")
-        try:
-            return waiting.result()
         except (QueueFull, Rejected) as e:                    # the engine's own bounds (max_queue, SLO admission)
             raise ApiError(503, f"overloaded: {e}", kind="overloaded_error", headers=RETRY,
                            outcome="rejected") from None
-        except EngineUnhealthy as e:                          # a worker died: retrying after the restart can work
-            raise ApiError(503, f"request failed: {e}", kind="unavailable_error", headers=RETRY,
-                           outcome="failed") from None
         except Exception as e:  # noqa: BLE001 - the engine's error, reported to the client
+            if isinstance(e, EngineUnhealthy) or getattr(e, "retriable", False) or type(e).__name__ in RETRIABLE:
+                retry = {"Retry-After": str(getattr(e, "retry_after_s", 1))}
+                raise ApiError(503, f"request failed: {e}", kind="unavailable_error", headers=retry,
+                               outcome="failed") from None
             raise ApiError(500, f"request failed: {type(e).__name__}: {e}", kind="server_error",
                            outcome="failed") from None
 
-    def _keep_kv(self, out, completion_id: str, num_tokens: int) -> dict | None:
-        tensors = kv_tensors(out.kv)
-        meta = kv_metadata(self.llm.cfg, self.model_name, completion_id, num_tokens, out.first_token)
+    def cut_off(self, why: str = "server shutting down") -> None:
+        """Answer every request still waiting on the engine with 503 (shutdown past its grace period)."""
+        for wait in list(self._waiting):
+            if not wait.done():
+                wait.set_exception(ApiError(503, f"request cut off: {why}", kind="unavailable_error",
+                                            headers=RETRY, outcome="unavailable"))
+
+    # ---- building the answer (thread pool) ------------------------------------------------------
+    def _choices(self, job: Job, i: int, out) -> list[R.Choice]:
+        n, prompt = job.common.n, job.prompts[i]
+        tokens = sample(out.logits, job.common.sampling, n) if job.common.max_tokens else []
+        echo_text = ""
+        if job.echo:
+            echo_text = job.texts[i] if job.texts[i] is not None else \
+                (self.tokenizer.decode(prompt) if self.tokenizer is not None else "")
+        echoed = R.prompt_logprobs(prompt, out.prompt_logprobs) if job.prompt_logprobs is not None else []
+        choices = []
+        for j in range(n):
+            generated = [tokens[j]] if tokens else []
+            text = echo_text + (R.token_text(self.tokenizer, tokens[j]) if tokens and self.tokenizer else "")
+            logprobs = None
+            if job.logprobs is not None:
+                logprobs = echoed + [R.generated_logprob(out.logits, t, job.logprobs) for t in generated]
+            choices.append(R.Choice(i * n + j, generated, text, logprobs))
+        return choices
+
+    def _usage(self, job: Job) -> dict:
+        return R.usage(sum(map(len, job.prompts)), len(job.prompts) * job.common.n * job.common.max_tokens)
+
+    async def _keep_kv(self, job: Job, out, rid: str, base_url: str) -> dict | None:
+        tensors = await self.off_loop(kv_tensors, out.kv)
+        meta = kv_metadata(self.llm.cfg, self.model_name, rid, len(job.prompts[0]), out.first_token)
         handle = self.kv_store.put(tensors, meta)
         if handle is None:
             return None
-        return {"id": handle, "url": f"/v1/kv/{handle}", "format": "safetensors",
-                "num_bytes": sum(t.nbytes for t in tensors.values()), "expires_in_s": self.cfg.kv_ttl_s}
+        return transfer_params(handle, base_url, self.engine_id, len(job.prompts[0]),
+                               sum(t.nbytes for t in tensors.values()), self.cfg.kv_ttl_s)
 
-    def claim_kv(self, handle: str) -> bytes:
-        data = self.kv_store.take(handle)
-        if data is None:
-            raise ApiError(404, f"no KV cache {handle!r}: unknown, already claimed, expired or evicted",
+    async def claim_kv(self, handle: str):
+        """-> an iterator of the cache's safetensors bytes; its encoding runs in the thread pool."""
+        entry = self.kv_store.take(handle)
+        if entry is None:
+            raise ApiError(404, "no such KV cache: unknown, already claimed, expired or evicted",
                            kind="not_found_error")
-        return data
+        data = await self.off_loop(encode, entry)
+        step = 1 << 20
+        return (data[i:i + step] for i in range(0, len(data), step)), len(data)
 
+    # ---- live state -----------------------------------------------------------------------------
     def health(self) -> dict:
         sup = self.supervisor
         ok = sup.healthy
@@ -106,9 +217,13 @@ class PrefillService:
     def snapshot(self) -> dict:
         """Live values for the Prometheus gauges."""
         self.kv_store.sweep()
-        return {"queue_depth": self.admission.num_pending, "queue_capacity": self.admission.capacity,
+        running = getattr(self.llm.engine, "num_running", None)
+        num_running = min(running(), self.admission.num_pending) if callable(running) else self.admission.num_pending
+        return {"running": num_running, "waiting": self.admission.num_pending - num_running,
+                "queue_capacity": self.admission.capacity,
                 "healthy": self.supervisor.healthy, "restarts": self.supervisor.num_restarts,
                 "kv_bytes": self.kv_store.num_bytes, "kv_entries": len(self.kv_store),
+                "kv_stored": self.kv_store.num_stored, "kv_claimed": self.kv_store.num_claimed,
                 "kv_evicted": dict(self.kv_store.num_evicted), "workers": self._worker_fractions()}
 
     def _worker_fractions(self) -> dict:

@@ -1,0 +1,143 @@
+"""Request parameters shared by /v1/completions and /v1/chat/completions: what a prefill can honour,
+what is a no-op for a single token (accepted), and what it cannot honour (400 naming the field).
+
+Defaults follow vLLM: temperature 1.0, top_p 1.0, top_k off, unless the model dir's
+generation_config.json sets them. Unknown fields are ignored, as vLLM does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from asap.server.protocol import ApiError, is_int
+
+MAX_LOGPROBS = 20                       # vLLM's default --max-logprobs
+MAX_N = 128
+
+# No-ops when at most one token is generated (the stop condition is the token budget itself).
+NO_OPS = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
+          "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "user",
+          "length_penalty", "return_token_ids", "priority", "request_id", "service_tier", "store", "metadata")
+# Fields a prefill cannot honour: a non-default value gets a 400 that names them.
+REFUSED = {"best_of": 1, "suffix": None, "bad_words": None, "allowed_token_ids": None, "guided_json": None,
+           "guided_regex": None, "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
+           "response_format": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+           "prompt_embeds": None, "lora_request": None, "truncate_prompt_tokens": None, "chat_template": None,
+           "audio": None, "modalities": None, "prediction": None, "parallel_tool_calls": None}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 (or -1): off
+    min_p: float = 0.0
+    seed: int | None = None
+    logit_bias: dict | None = None      # {token id: bias}
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+
+@dataclass(frozen=True)
+class Common:
+    max_tokens: int                     # 0: no token generated; 1: the first token
+    n: int
+    stream: bool
+    include_usage: bool
+    sampling: Sampling
+    keep_kv: bool                       # kv_transfer_params.do_remote_decode (or the legacy return_kv)
+
+
+def generation_defaults(model_dir) -> dict:
+    """temperature / top_p / top_k from the model's generation_config.json, when it has one."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: cfg[k] for k in ("temperature", "top_p", "top_k") if isinstance(cfg, dict) and k in cfg}
+
+
+def _get(req, name, kind, default, check=None, why=""):
+    value = req.get(name)
+    if value is None:
+        return default
+    ok = is_int(value) if kind is int else (isinstance(value, bool) if kind is bool else
+                                           (is_int(value) or type(value) is float))
+    if not ok or (check is not None and not check(value)):
+        raise ApiError(400, f"`{name}` must be {why or kind.__name__}", param=name)
+    return value
+
+
+def refuse_unhonourable(req: dict, extra: dict | None = None) -> None:
+    refused = {**REFUSED, **(extra or {})}
+    bad = [k for k, default in refused.items() if k in req and req[k] is not None and req[k] != default
+           and req[k] != [] and req[k] != {}]
+    if bad:
+        raise ApiError(400, f"not supported by a prefill server: {', '.join(sorted(bad))}", param=sorted(bad)[0])
+
+
+def parse_sampling(req: dict, defaults: dict) -> Sampling:
+    t = _get(req, "temperature", float, defaults.get("temperature", 1.0), lambda v: 0 <= v <= 100, "a number >= 0")
+    top_p = _get(req, "top_p", float, defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "a number in (0, 1]")
+    top_k = _get(req, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "-1, 0 (off) or a positive int")
+    min_p = _get(req, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    seed = _get(req, "seed", int, None, lambda v: -2**63 <= v < 2**64, "a 64-bit integer")
+    bias = req.get("logit_bias")
+    if bias is not None:
+        try:
+            bias = {int(k): float(v) for k, v in bias.items()}
+            if any(type(v) not in (int, float) for v in req["logit_bias"].values()):
+                raise TypeError
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            raise ApiError(400, "`logit_bias` must map token ids to numbers", param="logit_bias") from None
+    return Sampling(float(t), float(top_p), max(int(top_k), 0), float(min_p), seed, bias or None)
+
+
+def parse_common(req: dict, defaults: dict, max_tokens_names=("max_tokens",)) -> Common:
+    refuse_unhonourable(req)
+    max_tokens = 1
+    for name in max_tokens_names:
+        max_tokens = _get(req, name, int, max_tokens, lambda v: v >= 0, "a non-negative integer")
+    if max_tokens > 1:
+        raise ApiError(400, f"max_tokens={max_tokens}: this server runs prefill only (max_tokens 0 or 1); decode "
+                            "runs elsewhere, from the KV cache that kv_transfer_params hands off",
+                       param=max_tokens_names[-1])
+    min_tokens = _get(req, "min_tokens", int, 0, lambda v: v >= 0, "a non-negative integer")
+    if min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens={min_tokens} is more than max_tokens={max_tokens}", param="min_tokens")
+    n = _get(req, "n", int, 1, lambda v: 1 <= v <= MAX_N, f"an integer in 1..{MAX_N}")
+    stream = _get(req, "stream", bool, False)
+    options = req.get("stream_options")
+    if options is not None and not stream:
+        raise ApiError(400, "`stream_options` needs `stream: true`", param="stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "`stream_options` must be an object", param="stream_options")
+    include_usage = _get(options or {}, "include_usage", bool, False)
+    _get(options or {}, "continuous_usage_stats", bool, False)
+    return Common(max_tokens, n, stream, include_usage, parse_sampling(req, defaults), _keep_kv(req))
+
+
+def _keep_kv(req: dict) -> bool:
+    params = req.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise ApiError(400, "`kv_transfer_params` must be an object", param="kv_transfer_params")
+    do_remote_decode = _get(params or {}, "do_remote_decode", bool, False)
+    if (params or {}).get("do_remote_prefill"):
+        raise ApiError(400, "kv_transfer_params.do_remote_prefill: this server is the prefill side; it does not "
+                            "pull KV from elsewhere", param="kv_transfer_params")
+    return do_remote_decode or _get(req, "return_kv", bool, False)
+
+
+def parse_logprobs(req: dict, name: str, kind=int) -> int | None:
+    """Completions: logprobs=k (int). Chat: logprobs=true + top_logprobs=k."""
+    if kind is int:
+        return _get(req, name, int, None, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")
+    if not _get(req, "logprobs", bool, False):
+        if req.get("top_logprobs"):
+            raise ApiError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        return None
+    return _get(req, "top_logprobs", int, 0, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")
