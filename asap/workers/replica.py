@@ -18,7 +18,7 @@ from asap.scheduler.errors import QueueFull
 from asap.scheduler.microbatch import split_microbatches
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request
-from asap.workers.messages import Result, RoutingCounts, Submit
+from asap.workers.messages import Result, RoutingCounts, Started, Submit
 
 
 @dataclass
@@ -73,6 +73,8 @@ class Replica:
         """Schedule the next step and split it into micro-batches (exactly k, some empty, if exact_k)."""
         schedule = self.scheduler.schedule(now) if self.has_work else {}
         starts = {rid: self.scheduler.get(rid).num_computed for rid in schedule}
+        for rid in (rid for rid, start in starts.items() if start == 0):
+            self.results.put(Started(rid, self.index, now))
         groups = split_microbatches(schedule, starts, k) if schedule else []
         if exact_k:
             groups = groups + [[] for _ in range(k - len(groups))]
