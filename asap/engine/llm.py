@@ -10,6 +10,7 @@ from concurrent.futures import Future
 
 import torch
 
+from asap.engine.errors import EngineClosed
 from asap.engine.output import PrefillOutput
 from asap.engine.validate import check_prompt
 from asap.model.materialize import resolve_model
@@ -48,6 +49,7 @@ class LLM:
         deadline: absolute TTFT deadline on time.monotonic(). With emulated compute a prompt
         may be given by its length alone (num_tokens). prompt_logprobs=k: also return every prompt
         token's logprob and the top-k there (PrefillOutput.prompt_logprobs; real compute only)."""
+        self._open()
         if prompt is None:
             if not self.emulated:
                 raise ValueError("a prompt (token ids) is required unless compute='emulated'")
@@ -64,12 +66,19 @@ class LLM:
     def prefill(self, prompts) -> list[PrefillOutput]:
         """Prefill a batch of prompts. Every prompt is checked before any runs: a bad one raises
         ValueError naming it, and nothing is queued."""
+        self._open()
         checked = [check_prompt(self.cfg, p, i) for i, p in enumerate(prompts)]
         futures = [self.engine.submit(next(self._ids), p, None) for p in checked]
         return [f.result() for f in futures]
 
     def healthy(self) -> bool:
-        return self.engine.healthy()
+        return self._open().healthy()
+
+    def _open(self):
+        """The engine, or EngineClosed (a RuntimeError: "engine is closed") once close() has run."""
+        if self.engine is None:
+            raise EngineClosed()
+        return self.engine
 
     def close(self) -> None:
         if self.engine is not None:

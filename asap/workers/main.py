@@ -99,7 +99,7 @@ def _compute(spec: WorkerSpec, attention: bool):
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device)
 
 
-def worker_main(spec: WorkerSpec, control, results, stop):
+def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
     _die_with_parent()
     # Ctrl-C or a SIGTERM sent to the whole process group is the engine's to handle (drain, then stop us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -118,6 +118,8 @@ def worker_main(spec: WorkerSpec, control, results, stop):
             ctx.finished = lambda: replicas <= transport.closed_peers
         from asap.workers.destinations import Destinations
         dest = Destinations(spec.placement, spec.first_expert_rank)
+        if heartbeat is not None:       # asap.workers.heartbeat: liveness the engine watches
+            heartbeat.attach(ctx)
         results.put(Ready(spec.rank, spec.role))
 
         def replica():
