@@ -86,6 +86,7 @@ class Hardware:
     dispatch_bytes: float = 1.0
     combine_bytes: float = 2.0
     comm_compute_share: float = 0.0
+    comm_contention: float = 0.0        # fraction of link rate lost while comm overlaps compute (HBM, SM time)
     gemm_tile_m: int = 64
     calibrated: bool = True
     source: str = ""
@@ -95,8 +96,9 @@ class Hardware:
         missing = [op for op in OP_NAMES if op not in self.ops]
         if missing:
             raise ValueError(f"hardware {self.name!r}: no rate for ops {missing}")
-        if not 0 <= self.comm_compute_share < 1:
-            raise ValueError(f"comm_compute_share must be in [0, 1), got {self.comm_compute_share}")
+        if not (0 <= self.comm_compute_share < 1 and 0 <= self.comm_contention < 1):
+            raise ValueError(f"comm_compute_share and comm_contention must be in [0, 1), got "
+                             f"{self.comm_compute_share}, {self.comm_contention}")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -113,6 +115,7 @@ def from_json(d: dict, where: str = "profile") -> Hardware:
     try:
         ops = {name: OpRate(**rate) for name, rate in d["ops"].items()}
         scalars = {k: d[k] for k in ("weight_bytes", "dispatch_bytes", "combine_bytes", "comm_compute_share",
+                                     "comm_contention",
                                      "gemm_tile_m", "calibrated", "source") if k in d}
         return Hardware(name=d["name"], ops=ops, link=Link(**d["link"]), memory_bytes=float(d["memory_bytes"]),
                         **scalars)
@@ -127,9 +130,17 @@ def load_profile(path: str | Path) -> Hardware:
     return from_json(json.loads(p.read_text()), str(p))
 
 
+# The same rule for every accelerator: a kernel's published efficiency (a microbenchmark at its best
+# shape, alone on the chip) times SUSTAINED_CLOCK, because datasheet peaks assume the boost clock
+# (H100: 989 TFLOPS = 132 SMs x 4,096 FLOP/clk x 1.83 GHz) and a serving step's back-to-back GEMMs run
+# at the power cap, ~1.55 GHz (our estimate from commonly reported sustained clocks; not fitted).
+SUSTAINED_CLOCK = 0.85
+
+
 def _accelerator(name, *, gemm_peak, bf16_peak, hbm_bw, memory, link, eff_gemm, eff_attn, eff_attn_mem,
                  eff_mem, overhead_s, comm_compute_share, source, gemm_tile_m=64) -> Hardware:
     """Weight GEMMs run at the low-precision peak (FP8/INT8); the attention core and the gate in BF16."""
+    eff_gemm, eff_attn = eff_gemm * SUSTAINED_CLOCK, eff_attn * SUSTAINED_CLOCK
     gemm = OpRate(gemm_peak * eff_gemm, hbm_bw * eff_mem, overhead_s)
     ops = dict(attn_proj=gemm, shared_expert=gemm, dense_ffn=gemm, experts=gemm,
                attn_core=OpRate(bf16_peak * eff_attn, hbm_bw * eff_attn_mem, overhead_s),
@@ -146,16 +157,17 @@ def _hopper(name: str, hbm_bw: float, memory: float, allreduce_bw: float) -> Har
         bf16_peak=989e12,       # BF16 dense (REFERENCE.md)
         hbm_bw=hbm_bw, memory=memory,
         # DeepEP on H800 (REFERENCE.md): ~155 GB/s over NVLink inside a node, 43-58 GB/s RDMA across nodes
-        # (400 Gb/s NIC); we take 46 GB/s, the EP32 end. Latency: a 128-token EP8 low-latency dispatch is
-        # 77 us, of which ~47 us is 7.3 MB at 155 GB/s (our arithmetic) -> ~30 us fixed.
+        # (400 Gb/s NIC); the DeepEP README's normal (prefill) kernels reach ~58 GB/s at EP32, where every
+        # calibration point runs. Latency: a 128-token EP8 low-latency dispatch is 77 us, of which ~47 us is
+        # 7.3 MB at 155 GB/s (our arithmetic) -> ~30 us fixed.
         # All-reduce bus bandwidth for attention TP (nccl-tests on 8 GPUs, our estimate): ~80% of the NVLink
         # rate each way: 360 GB/s on H100/H200 (450 GB/s), 160 GB/s on H800 (NVLink cut to 200 GB/s each way).
-        link=Link(intra_bytes_per_s=155e9, inter_bytes_per_s=46e9, latency_s=30e-6, node_size=8,
+        link=Link(intra_bytes_per_s=155e9, inter_bytes_per_s=58e9, latency_s=30e-6, node_size=8,
                   collective_bytes_per_s=allreduce_bw),
-        # Efficiencies (not fitted to the calibration point): FP8 grouped GEMM at 65% of peak (DeepGEMM
-        # reports up to ~78% on large shapes; we allow for quantisation and epilogues); attention core
-        # at 60% (FlashAttention-3 reaches 60-75% BF16 on Hopper; MLA's 192/128 head dims and the causal
-        # mask cost some); 80% of HBM bandwidth for streaming weights.
+        # Kernel efficiencies (not fitted to the calibration points), then x SUSTAINED_CLOCK: FP8 grouped
+        # GEMM at 65% of peak (DeepGEMM reports up to ~78% on large shapes; we allow for quantisation and
+        # epilogues); attention core at 60% (FlashAttention-3 reaches 60-75% BF16 on Hopper; MLA's 192/128
+        # head dims and the causal mask cost some); 80% of HBM bandwidth for streaming weights.
         eff_gemm=0.65, eff_attn=0.60, eff_attn_mem=0.80, eff_mem=0.80,
         overhead_s=10e-6,       # ~3 kernel launches per op group at ~3 us each (eager mode); a guess
         # DeepEP normal kernels take 24 of 132 SMs (DeepEP README); only while they overlap compute
@@ -181,7 +193,7 @@ def _ascend_910c_die() -> Hardware:
         link=Link(intra_bytes_per_s=85e9, inter_bytes_per_s=85e9 * 0.97, latency_s=67e-6, node_size=768,
                   collective_bytes_per_s=0.8 * 196e9),
         # Measured in CloudMatrix-Infer (REFERENCE.md): INT8 GEMM 77-83% -> 0.80; MLA 65% of compute peak,
-        # 84% of memory bandwidth.
+        # 84% of memory bandwidth; then x SUSTAINED_CLOCK, the same rule as Hopper's.
         eff_gemm=0.80, eff_attn=0.65, eff_attn_mem=0.84, eff_mem=0.84,
         overhead_s=20e-6,       # Ascend kernel launch is slower than CUDA's; a guess
         # Dispatch/combine run on the vector (AIV) cores, not the cube units; those AIV cores also run the

@@ -19,6 +19,7 @@ Attention side (one engine rank, one layer, one micro-batch: n new tokens, ctx b
               all-gather after combine) and twice per dense layer.
 Expert side (one batch of T tokens on a group of W expert workers):
 - experts     grouped GEMM on the busiest worker (asap.cost.ops: routing noise, tile padding)
+- expert_act  the permute / SwiGLU+quantise / un-permute kernels around it: memory-bound, their own kernels
 - expert_nic  that worker's combine bytes (an async expert worker overlaps its traffic with its GEMMs)
 
 An engine rank may stand for a group of `rank_devices` devices (sync DP x TP: one DP group
@@ -51,6 +52,7 @@ class CostModel:
         self.model, self.hw = model, hw
         self.attn_tp, self.rank_devices, self.overlapped = attn_tp, rank_devices, overlapped
         keep = 1.0 - hw.comm_compute_share if overlapped else 1.0
+        self.comm_keep = 1.0 - hw.comm_contention if overlapped else 1.0
         self.rates = {name: replace(r, flops_per_s=r.flops_per_s * keep) for name, r in hw.ops.items()}
         self.shape = ops.attention_shape(model)
         s = self.shape
@@ -76,8 +78,11 @@ class CostModel:
             return {}
         m, D, T, r, wb, tp = self.model, self.model.hidden_size, num_tokens, self.rates, self.hw.weight_bytes, \
             self.attn_tp
+        # Under TP the tokens are scattered over the tp devices between attention and the MLP (reduce-scatter /
+        # all-gather), so about half of the elementwise passes run on T / tp tokens.
+        ew = ELEMENTWISE_PASSES * T * D * ACT_BYTES * (0.5 + 0.5 / tp)
         ops_ = {
-            "elementwise": r["elementwise"].seconds(T * D, ELEMENTWISE_PASSES * T * D * ACT_BYTES),
+            "elementwise": r["elementwise"].seconds(T * D, ew),
             "attn_proj": r["attn_proj"].seconds(2 * T * self.proj_params / tp,
                                                 (self.proj_params * wb + T * self.proj_act * ACT_BYTES) / tp),
             "attn_core": r["attn_core"].seconds(self.core_flops_per_pair * num_pairs / tp,
@@ -108,9 +113,15 @@ class CostModel:
 
     # ---- expert side ----------------------------------------------------
     def expert_gemm_seconds(self, rows: float, touched: float) -> float:
-        """One device's grouped GEMM over `rows` token-expert rows on `touched` experts."""
+        """One device's routed experts over `rows` token-expert rows on `touched` experts: the grouped GEMMs
+        plus the memory-bound kernels around them (expert_act)."""
+        return sum(self._expert_compute(rows, touched).values())
+
+    def _expert_compute(self, rows: float, touched: float) -> dict[str, float]:
         flops, nbytes = ops.expert_gemm_work(self.model, rows, touched, self.hw.gemm_tile_m, self.hw.weight_bytes)
-        return self.rates["experts"].seconds(flops, nbytes)
+        act = rows * ops.expert_act_bytes(self.model)
+        return {"experts": self.rates["experts"].seconds(flops, nbytes),
+                "expert_act": self.rates["elementwise"].seconds(0.0, act)}
 
     def expert_ops(self, moe_idx: int, num_tokens: float, shares: ExpertShares,
                    nic_per_copy: float = 0.0) -> dict[str, float]:
@@ -123,7 +134,7 @@ class CostModel:
         mu = ops.busiest_rows(num_tokens * self.model.top_k * shares.max_share[moe_idx] / g,
                               shares.num_workers * g)
         touched = ops.touched_experts(mu, max(1.0, shares.slots / g))
-        out = {"experts": self.expert_gemm_seconds(mu, touched)}
+        out = self._expert_compute(mu, touched)
         if nic_per_copy:
             out["expert_nic"] = mu * nic_per_copy
         return out
@@ -133,14 +144,14 @@ class CostModel:
         """GEMM time, or the slower of the GEMMs and the worker's own combine traffic, which an async
         expert worker overlaps with its GEMMs."""
         out = self.expert_ops(moe_idx, num_tokens, shares, nic_per_copy)
-        return max(out.values()) if out else 0.0
+        return max(out.get("experts", 0.0) + out.get("expert_act", 0.0), out.get("expert_nic", 0.0))
 
     # ---- communication ----------------------------------------------------
     def seconds_per_copy(self, num_ranks: int, local: bool, total_devices: int, elem_bytes: float) -> float:
         """Per token copy sent by one engine rank (a group of rank_devices devices, each sending its share)."""
         g = self.rank_devices
         return comm.seconds_per_copy(self.hw.link, self.model.hidden_size, self.model.top_k, num_ranks * g, local,
-                                     total_devices * g, elem_bytes) / g
+                                     total_devices * g, elem_bytes) / g / self.comm_keep
 
     def comm_seconds(self, copies: float, per_copy: float) -> float:
         return self.hw.link.latency_s + copies * per_copy

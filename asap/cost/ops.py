@@ -94,6 +94,14 @@ def expert_row_bytes(cfg: ModelConfig) -> int:
     return ffn_row_bytes(cfg, cfg.moe_intermediate_size)
 
 
+def expert_act_bytes(cfg: ModelConfig) -> int:
+    """Bytes per token-expert row of the memory-bound kernels around the expert GEMMs, which run as their
+    own kernels (not hidden under the GEMMs): permute into the grouped layout (read + write D in FP8),
+    SwiGLU + FP8 quantisation (read 2I BF16, write I FP8) and the weighted un-permute (read D BF16)."""
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    return 2 * D + 5 * I + 2 * D
+
+
 def busiest_rows(mean_rows: float, num_workers: int) -> float:
     """The max of W Poisson counts of mean mu is about mu + sqrt(2 ln W mu) (routing noise)."""
     return mean_rows + math.sqrt(2 * math.log(num_workers) * mean_rows) if num_workers > 1 else mean_rows

@@ -69,9 +69,12 @@ def min_expert_workers(model: ModelConfig, hw: Hardware) -> int:
     return max(1, math.ceil(expert_bytes(model, hw) / (MEMORY_USABLE * hw.memory_bytes)))
 
 
-def check_memory(engine: str, model: ModelConfig, hw: Hardware, devices: int, experts: int) -> None:
+def check_memory(engine: str, model: ModelConfig, hw: Hardware, devices: int, experts: int,
+                 attention_tp: int = 1) -> None:
+    """devices: the devices of one instance (sync) or of the system (async); attention weights are split
+    over attention_tp devices."""
     usable = MEMORY_USABLE * hw.memory_bytes
-    need_e, need_a = expert_bytes(model, hw), attention_bytes(model, hw)
+    need_e, need_a = expert_bytes(model, hw), attention_bytes(model, hw) / attention_tp
     if engine == "sync":
         per_rank = need_a + need_e / devices
         if per_rank > usable:
@@ -91,7 +94,8 @@ def uniform_shares(model: ModelConfig, workers: int) -> ExpertShares:
 
 def balanced_split(cost: CostModel, devices: int, token_budget: int = 16384, microbatches: int = 2,
                    prompt_len: float = 4096, max_batch_tokens: int = 65536) -> int:
-    """Attention workers A (experts E = devices - A) that balance replica and expert throughput.
+    """Attention replicas A (experts E = devices - A x cost.attn_tp) that balance replica and expert
+    throughput.
 
     Replica rate: k micro-batches of budget/k tokens, each token attending to prompt_len/2 earlier
     tokens on average, ping-pong with the experts: per MoE layer max(k * t_attn, t_attn + dispatch +
@@ -107,8 +111,9 @@ def balanced_split(cost: CostModel, devices: int, token_budget: int = 16384, mic
     n_moe = sum(m.moe_layers)
     e_min = min_expert_workers(m, hw)
     best, best_rate = None, -1.0
-    for A in range(1, devices - e_min + 1):
-        E = devices - A
+    tp = cost.attn_tp
+    for A in range(1, (devices - e_min) // tp + 1):
+        E = devices - A * tp
         shares = uniform_shares(m, E)
         disp = cost.seconds_per_copy(E, False, devices, hw.dispatch_bytes) * m.top_k
         comb = cost.seconds_per_copy(E, False, devices, hw.combine_bytes) * m.top_k
@@ -130,21 +135,30 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
                  window_s: float = 0.0, microbatches: "int | str" = 2, two_batch_overlap: bool = True,
                  expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
                  redundant_experts: int | None = None, seed: int = 0, prompt_len: float = 4096,
-                 trace_window: tuple[float, float] | None = None) -> "AsyncEngine | SyncEngine":
-    """An engine ready for Arrival events; arguments as for `run` (prompt_len feeds `balanced_split`)."""
+                 attention_tp: int = 1, trace_window: tuple[float, float] | None = None) -> "AsyncEngine | SyncEngine":
+    """An engine ready for Arrival events, for ONE instance of `devices` devices; arguments as for `run`
+    (prompt_len feeds `balanced_split`)."""
     if engine not in ("async", "sync"):
         raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
+    if not (isinstance(attention_tp, int) and attention_tp >= 1):
+        raise ValueError(f"attention_tp must be an int >= 1, got {attention_tp!r}")
     model, hw = get_model(model_cfg), get_hardware(hardware)
-    cost = CostModel(model, hw)
     if engine == "sync":
-        num_attn = num_exp = devices
+        if devices % attention_tp:
+            raise ValueError(f"sync: attention_tp={attention_tp} must divide the instance's {devices} devices")
+        # one engine rank = one DP group of attention_tp devices; EP spans all the instance's devices.
+        # Contention only where comm overlaps compute: with two-batch overlap.
+        cost = CostModel(model, hw, attn_tp=attention_tp, rank_devices=attention_tp, overlapped=two_batch_overlap)
+        num_attn = num_exp = devices // attention_tp
     else:
+        cost = CostModel(model, hw, attn_tp=attention_tp)
         num_attn = attention_workers or balanced_split(cost, devices, token_budget, microbatches, prompt_len,
                                                        max_batch_tokens)
-        num_exp = devices - num_attn
+        num_exp = devices - num_attn * attention_tp
         if num_exp < 1:
-            raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn}")
-    check_memory(engine, model, hw, devices, num_exp)
+            raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn} "
+                             f"replicas x TP {attention_tp}")
+    check_memory(engine, model, hw, devices, num_exp if engine == "async" else devices, attention_tp)
     n_moe = sum(model.moe_layers)
     loads = expert_loads if expert_loads is not None else zipf_loads(n_moe, model.num_experts, zipf, seed)
     if len(loads) != n_moe or any(len(row) != model.num_experts for row in loads):
@@ -153,7 +167,7 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
     if engine == "sync":
-        return SyncEngine(cost, devices, router, token_budget, shares, order=order, max_queue=max_queue,
+        return SyncEngine(cost, num_attn, router, token_budget, shares, order=order, max_queue=max_queue,
                           two_batch_overlap=two_batch_overlap, trace_window=trace_window)
     if isinstance(selector, str):
         selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
@@ -167,8 +181,12 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
 
     async: `attention_workers` replicas (default: `balanced_split` for these requests' token-weighted
            mean prompt length) + the rest as expert workers.
-    sync:  `devices` ranks, each attention + 1/devices of the experts.
-    Keywords (build_engine): token_budget (per replica step), router / selector (name or object),
+    sync:  `instances` independent instances (default 1) of devices / instances devices each; in each,
+           DP groups of `attention_tp` devices (attention TP inside the group, its all-reduce from the
+           hardware profile) and EP over all the instance's devices. Arrivals are split between
+           instances by `split_instances`.
+    Keywords (build_engine): token_budget (per replica / DP group step: SGLang's chunked_prefill_size
+    / dp_size), attention_tp (async: per replica), router / selector (name or object),
     order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
     "adaptive", async), two_batch_overlap (sync), expert_loads ([moe_layer][expert], e.g.
     RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1).
@@ -177,6 +195,9 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]
     if len({r.id for r in own}) != len(own):
         raise ValueError("request ids must be unique")
+    instances = kw.pop("instances", 1)
+    if instances != 1:
+        return _run_instances(own, engine, model_cfg, hardware, devices, attention_workers, instances, until, kw)
     if engine == "async" and attention_workers is None and "prompt_len" not in kw and own:
         kw["prompt_len"] = sum(r.num_tokens ** 2 for r in own) / sum(r.num_tokens for r in own)
     eng = build_engine(engine, model_cfg, hardware, devices, attention_workers, **kw)
@@ -192,6 +213,50 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     num_exp = eng.shares.num_workers
     return SimRun(results, engine, devices, num_attn, num_exp if engine == "async" else devices, sim.num_events,
                   sim.wall_s, end, stats=eng.stats(), spans=eng.spans)
+
+
+def split_instances(requests: list[Request], instances: int, tokens_per_s: float) -> list[list[Request]]:
+    """A least-outstanding-work router across independent instances: each arrival joins the instance with
+    the fewest unfinished prompt tokens, estimated as a fluid queue draining `tokens_per_s` per instance."""
+    left, last = [0.0] * instances, 0.0
+    out: list[list[Request]] = [[] for _ in range(instances)]
+    for r in sorted(requests, key=lambda r: r.arrival):
+        drained = (r.arrival - last) * tokens_per_s
+        last = r.arrival
+        left = [max(0.0, x - drained) for x in left]
+        i = min(range(instances), key=lambda j: (left[j], j))
+        left[i] += r.num_tokens
+        out[i].append(r)
+    return out
+
+
+def instance_tokens_per_s(cost: CostModel, num_ranks: int, token_budget: int, prompt_len: float) -> float:
+    """Attention-side prefill rate of one instance, from the routing cost function (for split_instances)."""
+    pairs_ctx = max(0.0, prompt_len / 2 - token_budget / 2)
+    return num_ranks * token_budget / cost.replica_cost_fn()([(token_budget, int(pairs_ctx))])
+
+
+def _run_instances(own, engine, model_cfg, hardware, devices, attention_workers, instances, until, kw) -> SimRun:
+    if not (isinstance(instances, int) and instances >= 1) or devices % instances:
+        raise ValueError(f"instances={instances!r} must be an int >= 1 that divides devices={devices}")
+    per = devices // instances
+    tp = kw.get("attention_tp", 1)
+    model, hw = get_model(model_cfg), get_hardware(hardware)
+    tokens = sum(r.num_tokens for r in own) or 1
+    prompt_len = sum(r.num_tokens ** 2 for r in own) / tokens
+    if engine == "async" and attention_workers is None and "prompt_len" not in kw:
+        kw["prompt_len"] = prompt_len
+    ranks = per // tp if engine == "sync" else (attention_workers or 1)
+    rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, kw.get("token_budget", 16384), prompt_len)
+    parts = [run(part, engine, model_cfg, hardware, per, attention_workers, until=until, **kw)
+             for part in split_instances(own, instances, rate) if part]
+    by_id = {res.request_id: res for p in parts for res in p.results}
+    results = [by_id[r.id] for r in own if r.id in by_id]
+    stats = {"instances": instances, "per_instance": [p.stats for p in parts]}
+    first = parts[0]
+    return SimRun(results, engine, devices, first.attention_workers * instances, first.expert_workers * instances,
+                  sum(p.num_events for p in parts), sum(p.wall_s for p in parts), max(p.sim_end_s for p in parts),
+                  stats=stats, spans=first.spans)
 
 
 def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
