@@ -105,6 +105,8 @@ def _is_current(target: Path, name: str) -> bool:
     """A cached copy is used only if it is complete and was written from the preset as it is now."""
     if not (target / "model.safetensors.index.json").is_file():
         return False
+    if (target / "tokenizer.json").is_file() and not (target / "tokenizer_config.json").is_file():
+        return False                         # the tokenizer of an older version (no config, 257 ids)
     try:
         written = json.loads((target / "config.json").read_text())
     except (OSError, ValueError):
