@@ -3,8 +3,9 @@
 mode="async": A attention replicas + E expert workers (N = A + E devices).
 mode="sync":  N ranks, each an attention replica plus 1/N of the experts.
 The engine routes each request to a replica with the shared router policy,
-collects results, and watches the workers: when one dies, every request in
-flight fails with an error and the engine reports itself unhealthy.
+collects results, and watches the workers: when one dies or misses its heartbeats
+(hung, SIGSTOPped, deadlocked), every request in flight fails with EngineUnavailable (retriable) and
+the engine reports itself unhealthy until restart(). After close() every method raises EngineClosed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from concurrent.futures import Future
 import torch
 
 from asap.config import ModelConfig, RuntimeConfig
+from asap.engine.errors import EngineClosed, EngineUnavailable, EngineUnhealthy  # noqa: F401 - re-exported
 from asap.engine.layout import build_layout, replica_cost
 from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.scheduler.admission import SLOAdmission
@@ -25,12 +27,8 @@ from asap.scheduler.request import Request
 from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
 from asap.scheduler.router import QueueAwareRouter, ReplicaLoad, make_router
 from asap.workers.launcher import Cluster
-from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Submit
+from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Started, Submit
 from asap.workers.spans import fractions
-
-
-class EngineUnhealthy(RuntimeError):
-    pass
 
 
 class RuntimeEngine:
@@ -53,12 +51,13 @@ class RuntimeEngine:
         self._lock = threading.Lock()
         self._futures: dict[int, tuple[Future, int, float]] = {}      # id -> (future, replica, submitted)
         self._loads = [dict() for _ in range(self.num_replicas)]     # replica -> {id: tokens}
+        self._started: dict[int, float] = {}                          # id -> first scheduled (running requests)
         self.spans: dict[str, list] = {}
         self.errors: list[str] = []
         self._closing = self._closed = False
         self._start()
-        self._collector = threading.Thread(target=self._collect, name="asap-collector", daemon=True)
-        self._collector.start()
+        self._watchdog = threading.Thread(target=self._watch, name="asap-watchdog", daemon=True)
+        self._watchdog.start()
 
     def _start(self):
         self._stopping = True
@@ -75,9 +74,13 @@ class RuntimeEngine:
             self._handle(msg)
         self.errors.clear()
         self._stopping = False
+        # One collector per cluster: one stuck on a dead cluster's queue cannot hold up the new one.
+        self._collector = threading.Thread(target=self._collect, args=(cluster,), name="asap-collector", daemon=True)
+        self._collector.start()
 
     def restart(self) -> None:
         """Stop every worker and start them again (each reloads its weights); requests in flight fail."""
+        self._check_open()
         self._stopping = True
         self._fail_all("engine restarting")
         self.cluster.close()
@@ -86,10 +89,11 @@ class RuntimeEngine:
     # ---- requests -------------------------------------------------------------------------------
     def submit(self, request_id: int, prompt: list[int] | None, deadline: float | None = None,
                num_tokens: int | None = None, prompt_logprobs: int | None = None) -> Future:
+        self._check_open()
         fut: Future = Future()
         n = len(prompt) if prompt is not None else num_tokens
         if not self.healthy():
-            fut.set_exception(EngineUnhealthy(f"engine unhealthy: {'; '.join(self.errors[-3:])}"))
+            fut.set_exception(EngineUnavailable(f"engine unhealthy: {'; '.join(self.errors[-3:])}"))
             return fut
         now = time.monotonic()
         req = Request(request_id, n, now, deadline)
@@ -111,36 +115,49 @@ class RuntimeEngine:
                                                   req.priority, prompt_logprobs))
         return fut
 
-    def _collect(self):
-        while not self._closing:
-            cluster = self.cluster
+    def _collect(self, cluster):
+        while not self._closing and cluster is self.cluster:
             try:
                 msg = cluster.results.get(timeout=0.1)
             except queue.Empty:
-                msg = None
-            except (OSError, ValueError):   # the queue of a cluster closed by restart()/close()
+                continue
+            except (OSError, ValueError, EOFError):   # the queue of a cluster closed by restart()/close()
                 time.sleep(0.05)
                 continue
-            if msg is not None:
-                self._handle(msg)
-            dead = cluster.dead()
-            if dead and not self._stopping and cluster is self.cluster:
-                self._fail_all(f"worker(s) died: {dead}")
+            self._handle(msg)
+
+    def _watch(self):
+        """Fail everything in flight as soon as a worker dies or goes silent (never blocks on a queue)."""
+        while not self._closing:
+            cluster = self.cluster
+            dead, silent = cluster.dead(), cluster.silent()
+            if (dead or silent) and not self._stopping and cluster is self.cluster:
+                if dead:
+                    self._fail_all(f"worker(s) died: {dead}")
+                for name, quiet_s in silent.items():
+                    self._fail_all(f"{name} missed its heartbeats for {quiet_s:.1f}s (hung or stopped)")
+            time.sleep(0.05)
 
     def _handle(self, msg):
         if isinstance(msg, Result):
             with self._lock:
                 entry = self._futures.pop(msg.request_id, None)
                 self._loads[msg.replica].pop(msg.request_id, None)
+                started = self._started.pop(msg.request_id, None)
             if entry is None:
                 return
             fut, _, submitted = entry
-            if msg.error:
-                fut.set_exception(RuntimeError(msg.error))
+            if msg.error:       # a full replica queue, or a peer that did not answer: both worth a retry
+                fut.set_exception(QueueFull(msg.error) if "queue full" in msg.error else EngineUnavailable(msg.error))
             else:
                 fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
-                                             {"submitted": submitted, "finished": msg.finished_at},
+                                             {"submitted": submitted, "finished": msg.finished_at,
+                                              **({"started": started} if started is not None else {})},
                                              PromptLogprobs.from_parts(msg.prompt_logprobs)))
+        elif isinstance(msg, Started):
+            with self._lock:
+                if msg.request_id in self._futures:
+                    self._started[msg.request_id] = msg.at
         elif isinstance(msg, RoutingCounts):
             for layer, counts in enumerate(msg.counts):
                 self.routing_stats.record(layer, counts)
@@ -154,16 +171,18 @@ class RuntimeEngine:
             self.errors.append(error)
         with self._lock:
             pending, self._futures = self._futures, {}
+            self._started.clear()
             for l in self._loads:
                 l.clear()
         for fut, _, _ in pending.values():
             if not fut.done():
-                fut.set_exception(EngineUnhealthy(error))
+                fut.set_exception(EngineClosed(error) if self._closed else EngineUnavailable(error))
 
     def rebalance(self, num_redundant: int) -> Placement:
         """Recompute expert placement from the routing statistics gathered so far (EPLB-style:
         hot experts get `num_redundant` extra copies per layer) and restart the workers with it.
         Outputs do not change: only which worker computes which (token, expert) pair."""
+        self._check_open()
         loads = self.routing_stats.loads()
         self.placement = balanced_placement(loads, self.placement.num_workers, num_redundant)
         self.restart()
@@ -171,17 +190,28 @@ class RuntimeEngine:
 
     # ---- health, stats, shutdown ----------------------------------------------------------------
     def healthy(self) -> bool:
+        self._check_open()
         return not self.errors and not self.cluster.dead()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed()
+
+    def num_running(self) -> int:
+        """Requests whose prefill has started on a replica (the rest of those in flight are waiting)."""
+        return len(self._started)
 
     def worker_fractions(self, start: float | None = None, end: float | None = None) -> dict[str, dict]:
         """Busy (compute), stall and idle fractions per worker over [start, end] (monotonic clock)."""
+        self._check_open()
         return {w: fractions(s, start, end) for w, s in sorted(self.spans.items())}
 
     def close(self) -> None:
-        if getattr(self, "_closed", True) or not hasattr(self, "_collector"):
+        if getattr(self, "_closed", True) or not hasattr(self, "_watchdog"):
             return
         self._closed = self._stopping = True
+        self._fail_all("engine is closed")
         self.cluster.close()
         self._closing = True
-        self._collector.join(timeout=5)
-        self._fail_all("engine closed")
+        self._watchdog.join(timeout=1)
+        self._collector.join(timeout=1)
