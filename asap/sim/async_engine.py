@@ -2,15 +2,17 @@
 
 A attention replicas and E expert workers are separate devices. Each replica
 runs its own steps at its own pace: schedule (chunked prefill) -> split into
-k micro-batches -> for every layer, each micro-batch runs its attention-side ops
-on the replica (one at a time: the replica's compute is one resource), then for
-a MoE layer its tokens are dispatched to the experts and come back by combine
-while the replica runs another micro-batch. The expert workers take whatever
+k micro-batches -> drive the step pipeline (asap.pipeline.step, the very object
+the runtime's attention loop drives): attention of (micro-batch, layer) on the
+replica (one at a time: the replica's compute is one resource), dispatch on a
+MoE layer, wait for the combine, finish. Depth (fixed or adaptive) and the
+expert batch cap are asap.pipeline.depth's. The expert workers take whatever
 ready work the selector picks (any replica, one layer per batch, items of the
 same layer merged). No barrier spans replicas.
 
-A replica's link carries one message at a time each way (dispatches out, combines
-in); the expert workers' own traffic is in their batch time.
+A replica's link is the simulated exchange (asap.sim.exchange); the expert
+workers' own traffic is in their batch time. As in the runtime, a step's
+requests finish when the step does.
 
 Events per micro-batch and MoE layer: AttentionDone, DispatchArrive,
 CombineArrive, plus one ExpertDone per expert batch (shared by merged items).
@@ -23,57 +25,53 @@ replicas is the async engine's way to amortise expert weight loads.
 """
 from __future__ import annotations
 
+from asap.pipeline.depth import StepDepth
+from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 from asap.scheduler.expert_select import WorkInfo
-from asap.scheduler.microbatch import AdaptiveDepth, split_microbatches
+from asap.scheduler.microbatch import split_microbatches
 from asap.sim.cost import CostModel
 from asap.sim.engine import EngineBase, chunk_work
-from asap.sim.events import AttentionDone, CombineArrive, DispatchArrive, ExpertDone, Kick, PoolWake
+from asap.sim.events import AttentionDone, ExpertDone, Kick, PoolWake
+from asap.sim.exchange import SimExchange
 from asap.sim.experts import ExpertShares
 
 _INF = float("inf")
 
 
 class MicroBatch:
-    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "attn_done",
-                 "ready", "ready_at", "deadline", "sent_at", "finished_at")
+    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "deadline")
 
-    def __init__(self, replica, index, chunks, num_tokens, t_moe, t_dense, deadline, now):
+    def __init__(self, replica, index, chunks, num_tokens, t_moe, t_dense, deadline):
         self.replica, self.index, self.chunks, self.num_tokens = replica, index, chunks, num_tokens
         self.t_moe, self.t_dense, self.deadline = t_moe, t_dense, deadline
-        self.layer = 0          # next layer to run
-        self.attn_done = -1     # last layer whose attention finished
-        self.ready, self.ready_at = True, now
-        self.sent_at = self.finished_at = 0.0
+        self.layer = 0          # the layer its attention runs (or last ran)
 
 
 class Replica:
-    __slots__ = ("index", "plan", "mbs", "busy", "kicked", "num_left", "depth", "attn_s", "num_attn",
-                 "roundtrip_s", "num_roundtrips", "tx_free", "rx_free")
+    __slots__ = ("index", "plan", "mbs", "pipe", "busy", "kicked", "depth", "exchange")
 
-    def __init__(self, index: int, depth):
-        self.index, self.depth = index, depth
-        self.plan, self.mbs, self.busy, self.kicked, self.num_left = None, None, False, False, 0
-        self.attn_s = self.roundtrip_s = 0.0
-        self.num_attn = self.num_roundtrips = 0
-        self.tx_free = self.rx_free = 0.0      # the replica's link, each direction: free from this time
+    def __init__(self, index: int, depth: StepDepth, exchange: SimExchange):
+        self.index, self.depth, self.exchange = index, depth, exchange
+        self.plan, self.mbs, self.pipe, self.busy, self.kicked = None, None, None, False, False
 
 
 class AsyncEngine(EngineBase):
     def __init__(self, cost: CostModel, num_attention: int, router, token_budget: int, shares: ExpertShares,
                  selector, microbatches: "int | str" = 2, order: str = "fcfs", max_queue: int = 1024,
-                 trace_window=None, trace_replicas: int = 8):
+                 trace_window=None, trace_replicas: int = 8, adaptive: bool = False):
         super().__init__(cost, num_attention, router, token_budget, order, max_queue, trace_window)
         if microbatches != "adaptive" and not (isinstance(microbatches, int) and microbatches >= 1):
             raise ValueError(f"microbatches must be an int >= 1 or 'adaptive', got {microbatches!r}")
+        if microbatches == "adaptive":        # the runtime's adaptive_depth with its default microbatches
+            microbatches, adaptive = 2, True
         self.selector, self.shares = selector, shares
         self.total_devices = num_attention + shares.num_workers
-        self.fixed_k = None if microbatches == "adaptive" else microbatches
-        self.replicas = [Replica(i, AdaptiveDepth() if self.fixed_k is None else None) for i in range(num_attention)]
         hw, E = cost.hw, shares.num_workers
-        self.latency = hw.link.latency_s
-        self.disp_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.dispatch_bytes) * self.model.top_k
+        disp_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.dispatch_bytes) * self.model.top_k
         self.nic_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.combine_bytes)
-        self.comb_copy = self.nic_copy * self.model.top_k      # per token
+        self.replicas = [Replica(i, StepDepth(microbatches, adaptive),
+                                 SimExchange(hw.link.latency_s, disp_copy, self.nic_copy * self.model.top_k))
+                         for i in range(num_attention)]
         self.moe = self.model.moe_layers
         self.num_layers = self.model.num_layers
         self.ready: list[WorkInfo] = []
@@ -106,90 +104,71 @@ class AsyncEngine(EngineBase):
             self.busy_until[rep.index] = 0.0
             self.touch(rep.index)
             return []
-        k = self.fixed_k or rep.depth.k
         starts = {rid: sched.get(rid).num_computed for rid in plan}
         deadlines = {rid: sched.get(rid).deadline for rid in plan}
         cost, mbs, predicted = self.cost, [], 0.0
         n_moe = sum(self.moe)
-        for j, chunks in enumerate(split_microbatches(plan, starts, k)):
+        for j, chunks in enumerate(split_microbatches(plan, starts, rep.depth.k)):
             T, P, K = chunk_work(chunks)
             t_moe, t_dense = cost.attention_seconds(True, T, P, K), cost.attention_seconds(False, T, P, K)
             dl = min((deadlines[c.request_id] for c in chunks if deadlines[c.request_id] is not None), default=_INF)
-            mbs.append(MicroBatch(rep.index, j, chunks, T, t_moe, t_dense, dl, now))
+            mbs.append(MicroBatch(rep.index, j, chunks, T, t_moe, t_dense, dl))
             predicted += n_moe * t_moe + (self.num_layers - n_moe) * t_dense
-        rep.plan, rep.mbs, rep.num_left = plan, mbs, len(mbs)
+        rep.plan, rep.mbs = plan, mbs
+        rep.pipe = StepPipeline(len(mbs), self.moe)
         self.num_steps += 1
         self.busy_until[rep.index] = now + predicted
         self.touch(rep.index)
-        return self.try_compute(rep, now)
+        return self.drive(rep, now)
 
-    def try_compute(self, rep: Replica, now: float) -> list:
-        """Run the next micro-batch's attention if the replica is free. A micro-batch may not pass the
-        one before it at a layer: a request split across them reads the KV the earlier piece wrote."""
-        if rep.busy or rep.mbs is None:
-            return []
-        mbs, best = rep.mbs, None
-        for mb in mbs:
-            if mb.ready and (mb.index == 0 or mbs[mb.index - 1].attn_done >= mb.layer) \
-                    and (best is None or mb.ready_at < best.ready_at):
-                best = mb
-        if best is None:
-            return []
-        rep.busy, best.ready = True, False
-        duration = best.t_moe if self.moe[best.layer] else best.t_dense
-        rep.attn_s += duration
-        rep.num_attn += 1
-        if self.trace_window is not None and rep.index < self.trace_replicas:
-            self.span("attention", rep.index, f"attn L{best.layer} mb{best.index}", now, now + duration,
-                      tokens=best.num_tokens)
-        return [AttentionDone(now + duration, best)]
+    def drive(self, rep: Replica, now: float) -> list:
+        """Do what the step pipeline says until the replica is busy or must wait for an event."""
+        out: list = []
+        pipe = rep.pipe
+        while not rep.busy and pipe is not None:
+            a = pipe.next()
+            if isinstance(a, Attend):
+                mb = rep.mbs[a.mb]
+                mb.layer = a.layer
+                duration = mb.t_moe if self.moe[a.layer] else mb.t_dense
+                rep.busy = True
+                if self.trace_window is not None and rep.index < self.trace_replicas:
+                    self.span("attention", rep.index, f"attn L{a.layer} mb{a.mb}", now, now + duration,
+                              tokens=mb.num_tokens)
+                out.append(AttentionDone(now + duration, mb))
+            elif isinstance(a, Dispatch):
+                rep.exchange.dispatch(a.mb, a.layer, (rep.mbs[a.mb], now))
+                pipe.dispatched(a.mb, a.layer, now)
+                out += rep.exchange.take_events()
+            elif isinstance(a, Wait):
+                arrived = rep.exchange.arrival(a.mb, a.layer)
+                if arrived is None:
+                    break                   # the CombineArrive event resumes this replica
+                rep.exchange.combine(a.mb, a.layer, None)
+                pipe.combined(a.mb, a.layer, arrived)
+            else:
+                pipe.finish()
+                out += self._end_step(rep, now)
+                break
+        return out
 
     def on_attention_done(self, mb: MicroBatch, now: float) -> list:
         rep = self.replicas[mb.replica]
         rep.busy = False
-        mb.attn_done = mb.layer
-        out: list = []
-        if self.moe[mb.layer]:
-            mb.sent_at = now
-            rep.tx_free = max(now, rep.tx_free) + mb.num_tokens * self.disp_copy
-            work = WorkInfo(mb, mb.replica, mb.layer, mb.num_tokens, now, mb.deadline)
-            out.append(DispatchArrive(rep.tx_free + self.latency, work))
-        else:
-            self._advance(rep, mb, now, out)
-        out += self.try_compute(rep, now)
-        return out
+        rep.pipe.attended(mb.index, mb.layer, mb.t_moe if self.moe[mb.layer] else mb.t_dense)
+        return self.drive(rep, now)
 
-    def on_combine_arrive(self, mb: MicroBatch, now: float) -> list:
+    def on_combine_arrive(self, key, now: float) -> list:
+        mb, layer = key
         rep = self.replicas[mb.replica]
-        rep.roundtrip_s += now - mb.sent_at
-        rep.num_roundtrips += 1
-        out: list = []
-        self._advance(rep, mb, now, out)
-        out += self.try_compute(rep, now)
-        return out
-
-    def _advance(self, rep: Replica, mb: MicroBatch, now: float, out: list) -> None:
-        mb.layer += 1
-        if mb.layer < self.num_layers:
-            mb.ready, mb.ready_at = True, now
-            return
-        mb.finished_at = now
-        rep.num_left -= 1
-        if rep.num_left == 0:
-            out += self._end_step(rep, now)
+        rep.exchange.arrived(mb.index, layer, now)
+        return self.drive(rep, now)
 
     def _end_step(self, rep: Replica, now: float) -> list:
-        done_at = {}
-        for mb in rep.mbs:                      # a request's last piece is in its last micro-batch
-            for c in mb.chunks:
-                done_at[c.request_id] = mb.finished_at
         for req in self.schedulers[rep.index].commit(rep.plan):
-            self.finish(req, done_at[req.id])
-        if rep.depth is not None and rep.num_attn and rep.num_roundtrips:
-            rep.depth.update(rep.attn_s / rep.num_attn, rep.roundtrip_s / rep.num_roundtrips)
-        rep.attn_s = rep.roundtrip_s = 0.0
-        rep.num_attn = rep.num_roundtrips = 0
-        rep.mbs = rep.plan = None
+            self.finish(req, now)
+        rep.depth.end_step(rep.pipe)
+        rep.mbs = rep.plan = rep.pipe = None
         return self.start_step(rep, now)
 
     # ---- expert workers ----
@@ -232,11 +211,7 @@ class AsyncEngine(EngineBase):
 
     def on_expert_done(self, items: list[WorkInfo], now: float) -> list:
         self.pool_busy = False
-        lat, per, out = self.latency, self.comb_copy, []
-        for w in items:
-            rep = self.replicas[w.replica]
-            rep.rx_free = max(now, rep.rx_free) + w.num_tokens * per
-            out.append(CombineArrive(rep.rx_free + lat, w.key))
+        out = [self.replicas[w.replica].exchange.returned(w, now) for w in items]
         if self.ready:
             out += self.pool_start(now)
         return out

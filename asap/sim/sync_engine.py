@@ -6,16 +6,21 @@ batch) and one StepDone event ends it. Inside the step every MoE layer does an
 all-to-all dispatch and an all-to-all combine that every rank must reach: a
 barrier, so the step runs at the pace of the slowest rank at every layer.
 
-With two-batch overlap (default) each rank splits its batch into 2 micro-batches
-and interleaves them per layer on two streams:
-    compute: A0 A1 M0 M1 | next layer ...      (A attention side, M routed experts)
-    comm:    D0 D1 C0 C1 | ...                 (D dispatch, C combine; each a barrier)
-The step time comes from this dependency graph, evaluated per rank with numpy.
+With two-batch overlap (default) each rank splits its batch into 2 micro-batches.
+The order is the step pipeline's (asap.pipeline.step, the object the runtime's
+rank loop drives), played for all ranks at once with numpy, on two streams:
+    compute: A0 A1 M0 M1 A0' ...    (A attention side, M this rank's expert shard)
+    comm:    D0 D1 C0 C1 D0' ...    (D dispatch, C combine; each a collective over all ranks)
+As in the runtime's all-to-all exchange (asap.workers.exchange.AllToAll), a rank
+serves its shard of (L, i) once every rank's dispatch is in: at the latest when
+it waits for (L, i)'s combine, earlier (eagerly, in order) if the dispatch is
+complete by the time its compute stream is free.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 from asap.scheduler.microbatch import split_microbatches
 from asap.sim.cost import CostModel
 from asap.sim.engine import EngineBase, chunk_work
@@ -93,45 +98,73 @@ class SyncEngine(EngineBase):
         total, biggest = tokens.sum(axis=1), tokens.max(axis=1)
         lat = cost.hw.link.latency_s
         trace = self.trace_window is not None and now < self.trace_window[1]
+        moe = self.model.moe_layers
         cfree = np.zeros(N)                         # compute stream free, per rank
         comm = 0.0                                  # comm stream free (collectives: one time for all ranks)
-        ready = [np.zeros(N) for _ in range(k)]     # when micro-batch j's input to this layer is ready
-        for layer, is_moe in enumerate(self.model.moe_layers):
-            t_attn = t_moe if is_moe else t_dense
-            a_end = []
-            for j in range(k):
+        ready = [np.zeros(N) for _ in range(k)]     # when micro-batch j's input to its next layer is ready
+        a_end: list = [None] * k
+        keys: list[dict] = []                       # all-to-alls in dispatch order
+        combined = 0                                # keys[:combined] have their combine scheduled
+        pipe = StepPipeline(k, moe)
+        while True:
+            a = pipe.next()
+            if isinstance(a, Attend):
+                j, layer = a.mb, a.layer
                 start = np.maximum(cfree, ready[j])
-                cfree = start + t_attn[j]
-                a_end.append(cfree)
+                cfree = start + (t_moe if moe[layer] else t_dense)[j]
+                a_end[j] = ready[j] = cfree
                 if trace:
                     self._trace_ranks("attention", f"attn L{layer} mb{j}", now, start, cfree)
-            if not is_moe:
-                ready = a_end
-                continue
-            share = self.shares.max_share[cost.moe_index[layer]]
-            d_end = []
-            for j in range(k):
+                pipe.attended(j, layer)
+            elif isinstance(a, Dispatch):
+                j, layer = a.mb, a.layer
+                share = self.shares.max_share[cost.moe_index[layer]]
                 slowest = a_end[j].max()
                 self.barrier_wait_s += float((slowest - a_end[j]).sum())
                 start = max(slowest, comm)
                 comm = start + lat + max(biggest[j], total[j] * share) * top_k * self.disp_copy
-                d_end.append(comm)
+                keys.append(dict(layer=layer, mb=j, share=share, dispatched=comm, served=np.full(N, np.nan)))
                 if trace:
                     self.span("network", 0, f"dispatch L{layer} mb{j}", now + start, now + comm)
-            m_end = []
-            for j in range(k):
-                start = np.maximum(cfree, d_end[j])
-                cfree = start + cost.expert_seconds(cost.moe_index[layer], total[j], self.shares)
-                m_end.append(cfree)
+                pipe.dispatched(j, layer, start)
+            elif isinstance(a, Wait):
+                j, layer = a.mb, a.layer
+                must = next(i for i, key in enumerate(keys) if (key["layer"], key["mb"]) == (layer, j))
+                cfree = self._serve(keys, must, cfree, total, now, trace)
+                while combined < len(keys) and not np.isnan(keys[combined]["served"]).any():
+                    key = keys[combined]
+                    start = max(float(key["served"].max()), comm)
+                    comm = start + lat + max(biggest[key["mb"]], total[key["mb"]] * key["share"]) * top_k \
+                        * self.comb_copy
+                    key["combined"] = comm
+                    combined += 1
+                    if trace:
+                        self.span("network", 0, f"combine L{key['layer']} mb{key['mb']}", now + start, now + comm)
+                ready[j] = np.full(N, keys[must]["combined"])
+                pipe.combined(j, layer, keys[must]["combined"])
+            else:
+                pipe.finish()
+                return float(max(max(r.max() for r in ready), cfree.max()))
+
+    def _serve(self, keys: list[dict], must: int, cfree, total, now: float, trace: bool):
+        """Each rank runs its expert shard for every all-to-all up to keys[must] it has not served, then,
+        in order, for later ones whose dispatch is complete by the time its compute stream is free."""
+        cost, prev_done = self.cost, np.ones(len(cfree), dtype=bool)
+        for i, key in enumerate(keys):
+            todo = np.isnan(key["served"])
+            if i > must:
+                todo &= prev_done & (key["dispatched"] <= cfree)
+            if todo.any():
+                start = np.maximum(cfree, key["dispatched"])
+                end = start + cost.expert_seconds(cost.moe_index[key["layer"]],
+                                                  float(total[key["mb"]]), self.shares)
+                cfree = np.where(todo, end, cfree)
+                key["served"] = np.where(todo, end, key["served"])
                 if trace:
-                    self._trace_ranks("experts", f"experts L{layer} mb{j}", now, start, cfree)
-            for j in range(k):
-                start = max(m_end[j].max(), comm)
-                comm = start + lat + max(biggest[j], total[j] * share) * top_k * self.comb_copy
-                ready[j] = np.full(N, comm)
-                if trace:
-                    self.span("network", 0, f"combine L{layer} mb{j}", now + start, now + comm)
-        return float(max(r.max() for r in ready))
+                    self._trace_ranks("experts", f"experts L{key['layer']} mb{key['mb']}", now,
+                                      np.where(todo, start, 0.0), np.where(todo, end, 0.0))
+            prev_done = ~np.isnan(key["served"])
+        return cfree
 
     def _trace_ranks(self, kind: str, name: str, now: float, start, end) -> None:
         for r in range(min(self.trace_ranks, self.num_ranks)):
