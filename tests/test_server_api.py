@@ -1,5 +1,5 @@
 """Promises of `asap serve` (async engine) over real HTTP: OpenAI shapes, the first token and KV the
-model computes, KV hand-off once, health, models and Prometheus metrics."""
+model computes, KV hand-off once (only when asked), health, models and Prometheus metrics."""
 import json
 import shutil
 import struct
@@ -42,21 +42,22 @@ def reference(model_dir):
 
 
 def test_completion_carries_the_models_first_token_and_usage(server, reference):
-    r = server.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1})
+    r = server.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "temperature": 0})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"].startswith("cmpl-")
     [choice] = body["choices"]
     assert choice["token_ids"] == [reference.first_token] and choice["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 1, "total_tokens": len(PROMPT) + 1}
-    assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 0}).json()["choices"][0][
-        "token_ids"] == [reference.first_token]
+    zero = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 0}).json()  # prefill, no token
+    assert zero["choices"][0]["token_ids"] == [] and zero["usage"]["completion_tokens"] == 0
 
 
 def test_kv_handle_streams_the_models_cache_once(server, reference):
-    kv = server.post("/v1/completions", json={"prompt": PROMPT}).json()["kv"]
-    assert kv["format"] == "safetensors" and kv["url"] == f"/v1/kv/{kv['id']}"
-    r = server.get(kv["url"])
+    kv = server.post("/v1/completions", json={"prompt": PROMPT, "kv_transfer_params": {"do_remote_decode": True}}
+                     ).json()["kv_transfer_params"]
+    assert kv["kv_format"] == "safetensors" and kv["kv_url"].endswith(f"/v1/kv/{kv['remote_request_id']}")
+    r = server.get(kv["kv_url"])
     assert r.status_code == 200 and len(r.content) >= kv["num_bytes"]
     tensors = load(r.content)
     assert sorted(tensors) == sorted(f"layers.{i}.{n}" for i in range(3) for n in ("kv_latent", "k_rope"))
@@ -66,13 +67,14 @@ def test_kv_handle_streams_the_models_cache_once(server, reference):
     header_len = struct.unpack("<Q", r.content[:8])[0]
     meta = json.loads(r.content[8:8 + header_len])["__metadata__"]
     assert meta["layout"] == "mla" and meta["num_tokens"] == str(len(PROMPT)) and meta["num_layers"] == "3"
-    again = server.get(kv["url"])
+    again = server.get(kv["kv_url"])
     assert again.status_code == 404 and "already claimed" in again.json()["error"]["message"]
+    assert kv["remote_request_id"] not in again.text                      # a handle is never echoed back
 
 
 def test_string_prompts_are_tokenized_and_the_token_decoded(server, model_dir):
-    body = server.post("/v1/completions", json={"prompt": "héllo", "return_kv": False}).json()
-    assert body["usage"]["prompt_tokens"] == len("héllo".encode()) and body["kv"] is None
+    body = server.post("/v1/completions", json={"prompt": "héllo"}).json()
+    assert body["usage"]["prompt_tokens"] == len("héllo".encode()) and body["kv_transfer_params"] is None
     [choice] = body["choices"]
     assert choice["text"] == load_tokenizer(model_dir).decode(choice["token_ids"])
 
@@ -80,7 +82,7 @@ def test_string_prompts_are_tokenized_and_the_token_decoded(server, model_dir):
 def test_sync_engine_serves_the_same_first_token(model_dir, reference, tmp_path):
     args = [str(model_dir), "--engine", "sync", "--devices", "2"]
     with ServerProcess(args, tmp_path / "server.log") as srv:
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT}, timeout=60)
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "temperature": 0}, timeout=60)
         assert httpx.get(srv.url + "/health").json()["engine"] == "sync"
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [reference.first_token]
 
@@ -98,20 +100,28 @@ def test_health_and_models(server):
     assert all(w["alive"] and w["pid"] > 0 for w in health.json()["workers"].values())
     models = server.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
+    assert server.get("/v1/models/tiny").json()["id"] == "tiny"
+    assert server.get("/v1/models/other").json()["error"]["code"] == 404
+    assert server.get("/version").json()["version"] == asap.__version__
 
 
 def test_metrics_count_outcomes_and_report_workers(server):
     def sample(text, name):
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
+    m = '{model_name="tiny"'
     before = server.get("/metrics").text
-    server.post("/v1/completions", json={"prompt": PROMPT, "return_kv": False})
+    server.post("/v1/completions", json={"prompt": PROMPT})
     server.post("/v1/completions", content=b"nope")
     after = server.get("/metrics").text
-    assert sample(after, 'asap_requests_total{outcome="ok"}') == sample(before, 'asap_requests_total{outcome="ok"}') + 1
-    assert sample(after, 'asap_requests_total{outcome="invalid"}') == sample(
-        before, 'asap_requests_total{outcome="invalid"}') + 1
-    assert sample(after, "asap_ttft_seconds_count") == sample(before, "asap_ttft_seconds_count") + 1
-    for name in ("asap_queue_depth ", "asap_healthy 1.0", 'asap_worker_busy_fraction{worker="expert0"}',
-                 'asap_worker_stall_fraction{worker="attention0"}', "asap_kv_bytes"):
-        assert name in after
+    for name, delta in ((f'asap:requests_total{m},outcome="ok"}}', 1), (f'asap:requests_total{m},outcome="invalid"}}', 1),
+                        (f'asap:request_success_total{{finished_reason="length",model_name="tiny"}}', 1),
+                        (f"asap:prompt_tokens_total{m}}}", len(PROMPT)),
+                        (f"asap:time_to_first_token_seconds_count{m}}}", 1),
+                        (f"asap:e2e_request_latency_seconds_count{m}}}", 1),
+                        (f"asap:request_queue_time_seconds_count{m}}}", 1)):
+        assert sample(after, name) == sample(before, name) + delta, name
+    for name in (f"asap:num_requests_running{m}}} 0.0", f"asap:num_requests_waiting{m}}} 0.0",
+                 f"asap:healthy{m}}} 1.0", f'asap:worker_busy_fraction{m},worker="expert0"}}',
+                 f'asap:worker_stall_fraction{m},worker="attention0"}}', f"asap:kv_store_bytes{m}}}"):
+        assert name in after, name

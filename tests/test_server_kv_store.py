@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load
 
 from asap.server.admission import Admission
-from asap.server.kv_store import KVStore, kv_tensors
+from asap.server.kv_store import KVStore, encode, kv_tensors
 
 
 class Clock:
@@ -24,8 +24,7 @@ def test_claim_returns_safetensors_once():
                                                                             "k_rope": torch.randn(5, 2)}]
     store = KVStore(1 << 20, ttl_s=10)
     handle = store.put(kv_tensors(kv), {"num_tokens": "5"})
-    data = store.take(handle)
-    tensors = load(data)
+    tensors = load(encode(store.take(handle)))
     assert sorted(tensors) == ["layers.0.k_rope", "layers.0.kv_latent", "layers.1.k_rope", "layers.1.kv_latent"]
     assert torch.equal(tensors["layers.1.kv_latent"], kv[1]["kv_latent"])
     assert store.take(handle) is None and store.num_bytes == 0

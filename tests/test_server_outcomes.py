@@ -26,7 +26,7 @@ class ScriptedLLM:
     def healthy(self):
         return True
 
-    def submit(self, ids):
+    def submit(self, ids, **kw):
         self.futures.append(Future())
         return self.futures[-1]
 
@@ -66,7 +66,8 @@ def test_slots_outlive_timeouts_and_engine_failures_are_5xx(tiny_dirs):
     assert "worker(s) died" in responses[2].json()["error"]["message"] and responses[2].headers["retry-after"]
     assert "RuntimeError: boom" in responses[3].json()["error"]["message"]
     assert responses[4].json()["error"]["type"] == "overloaded_error"       # the engine's own queue bound
-    counts = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
-              if line.startswith("asap_requests_total{")}
+    counts = {line.split('outcome="')[1].split('"')[0]: float(line.split()[-1]) for line in metrics.splitlines()
+              if line.startswith("asap:requests_total{")}
     assert counts == {"ok": 0, "invalid": 0, "rejected": 2, "unavailable": 0, "failed": 2, "timeout": 1}
-    assert "asap_queue_depth 0.0" in metrics
+    assert 'asap:num_requests_running{model_name="m"} 0.0' in metrics
+    assert 'asap:num_requests_waiting{model_name="m"} 0.0' in metrics

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.timeout(int(2 * LOAD_S) + 150)
 
 
 def counters(client: httpx.Client) -> dict[str, float]:
-    """asap_requests_total by outcome, plus queue depth and the TTFT histogram's count."""
-    out = {}
+    """asap:requests_total by outcome, plus running + waiting and the TTFT histogram's count."""
+    out = {"asap_queue_depth": 0.0}
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith("asap_requests_total{"):
-            out[line.split('"')[1]] = float(line.split()[-1])
-        elif line.startswith(("asap_queue_depth ", "asap_ttft_seconds_count ")):
-            out[line.split()[0]] = float(line.split()[-1])
+        if line.startswith("asap:requests_total{"):
+            out[line.split('outcome="')[1].split('"')[0]] = float(line.split()[-1])
+        elif line.startswith(("asap:num_requests_running{", "asap:num_requests_waiting{")):
+            out["asap_queue_depth"] += float(line.split()[-1])
+        elif line.startswith("asap:time_to_first_token_seconds_count{"):
+            out["asap_ttft_seconds_count"] = float(line.split()[-1])
     return out
 
 
