@@ -120,17 +120,12 @@ class EngineTarget:
 
 
 def sim_target(engine: str, model: str, runtime: RuntimeConfig, devices: int) -> SimulatedTarget:
-    """The simulator with the engine's layout and policies; `runtime.hardware` picks the profile."""
+    """The simulator with the engine's layout and policies (asap.sim.from_runtime.sim_kwargs: a runtime
+    field it cannot honour is an error); `runtime.hardware` picks the profile."""
+    from asap.sim.from_runtime import sim_kwargs
     from asap.sim.run import simulate
     spec = model if not (Path(model) / "config.json").is_file() else ModelConfig.from_dir(model)
-    common = dict(model_cfg=spec, hardware=runtime.hardware, token_budget=runtime.token_budget,
-                  router=runtime.router, order=runtime.order, max_queue=runtime.max_queue)
-    if engine == "sync":
-        fn = partial(simulate, engine="sync", devices=devices, two_batch_overlap=runtime.microbatches > 1, **common)
-    else:
-        fn = partial(simulate, engine="async", devices=runtime.attention_workers + runtime.expert_workers,
-                     attention_workers=runtime.attention_workers, selector=runtime.selector,
-                     microbatches=runtime.microbatches, window_s=runtime.aggregation_window_ms / 1000, **common)
+    fn = partial(simulate, model_cfg=spec, **sim_kwargs(runtime, engine, devices))
     return SimulatedTarget(fn, label=f"sim-{engine} (SIMULATED, {runtime.hardware})")
 
 

@@ -1,0 +1,56 @@
+"""One map from a RuntimeConfig to the simulator's arguments, so a simulated target is the engine it names.
+
+Every RuntimeConfig field is in exactly one of three groups:
+  HONOURED   mapped to a simulator argument below (layout, scheduling, selection, placement, hardware);
+  MECHANICS  how the real runtime runs (transport, processes, timeouts, emulation): the simulator
+             models the hardware profile's link and compute instead, by design;
+  anything else must be at its default: `sim_kwargs` raises a ValueError naming the field, never
+             drops it silently. A new RuntimeConfig field lands here until someone classifies it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from asap.config import RuntimeConfig
+from asap.pipeline.depth import MAX_ADAPTIVE_K, expert_batch_cap
+
+HONOURED = frozenset({
+    "attention_workers", "expert_workers", "devices", "token_budget", "microbatches", "adaptive_depth", "router",
+    "order", "selector", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware"})
+MECHANICS = frozenset({
+    "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
+    "master_port", "master_addr", "remote_experts", "heartbeat_interval_s", "heartbeat_timeout_s",
+    "stop_grace_s"})
+# Honoured only at their default: the simulator has no model of them (yet).
+_UNSUPPORTED = {"admission": "the simulator has no SLO admission; use admission='off'",
+                "admission_slack": "only used by admission, which the simulator does not model"}
+
+
+def sim_kwargs(runtime: RuntimeConfig, engine: str, devices: int | None = None) -> dict:
+    """Keyword arguments for asap.sim.run.simulate / run that reproduce `runtime`'s layout and policies.
+
+    engine "async": runtime.attention_workers replicas + runtime.expert_workers expert workers.
+    engine "sync":  `devices` ranks (default runtime.devices), two-batch overlap iff microbatches > 1.
+    """
+    if engine not in ("async", "sync"):
+        raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
+    defaults = RuntimeConfig()
+    for f in dataclasses.fields(RuntimeConfig):
+        name, value = f.name, getattr(runtime, f.name)
+        if name in HONOURED or name in MECHANICS or value == getattr(defaults, name):
+            continue
+        why = _UNSUPPORTED.get(name, "it has no simulator counterpart (classify it in asap/sim/from_runtime.py)")
+        raise ValueError(f"RuntimeConfig.{name}={value!r} cannot be simulated: {why}")
+    common = dict(hardware=runtime.hardware, token_budget=runtime.token_budget, router=runtime.router,
+                  order=runtime.order, max_queue=runtime.max_queue, redundant_experts=runtime.redundant_experts)
+    if engine == "sync":
+        return dict(engine="sync", devices=devices or runtime.devices, two_batch_overlap=runtime.microbatches > 1,
+                    **common)
+    if runtime.adaptive_depth and runtime.microbatches > MAX_ADAPTIVE_K:
+        raise ValueError(f"RuntimeConfig.microbatches={runtime.microbatches} with adaptive_depth cannot be "
+                         f"simulated: the simulator's adaptive depth tops out at {MAX_ADAPTIVE_K}")
+    return dict(engine="async", devices=runtime.attention_workers + runtime.expert_workers,
+                attention_workers=runtime.attention_workers, selector=runtime.selector,
+                microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
+                window_s=runtime.aggregation_window_ms / 1000,
+                max_batch_tokens=expert_batch_cap(runtime.token_budget), **common)
