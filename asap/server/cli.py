@@ -14,6 +14,8 @@ def register(sub):
     p.add_argument("model", help="model directory (HF format) or preset name")
     add_config_flags(p, ServerConfig)
     add_config_flags(p, RuntimeConfig)
+    from asap.server.connections import ConnectionConfig
+    add_config_flags(p, ConnectionConfig)
     p.set_defaults(func=run)
 
 
@@ -21,5 +23,7 @@ def run(args) -> int:
     from asap.cli import config_from_args
     from asap.config import RuntimeConfig
     from asap.server.config import ServerConfig
+    from asap.server.connections import ConnectionConfig
     from asap.server.serve import serve
-    return serve(args.model, config_from_args(ServerConfig, args), config_from_args(RuntimeConfig, args))
+    return serve(args.model, config_from_args(ServerConfig, args), config_from_args(RuntimeConfig, args),
+                 config_from_args(ConnectionConfig, args))

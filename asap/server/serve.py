@@ -1,7 +1,8 @@
 """The server process: load the model, listen, serve until SIGTERM/SIGINT, stop everything, exit 0.
 
 Shutdown order: stop accepting connections -> finish the requests in flight
-(up to shutdown_timeout_s) -> stop the supervisor -> stop the workers.
+(up to shutdown_timeout_s; the rest answer 503 JSON) -> stop the supervisor -> stop the workers
+(attention, then experts: about a second). Connection limits (slow or idle clients): connections.py.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from asap.config import RuntimeConfig
 from asap.model.tokenizer import load_tokenizer
 from asap.server.app import create_app
 from asap.server.config import ServerConfig
+from asap.server.connections import ConnectionConfig, ShutdownGuard, guarded_protocol
 
 
 class _Server(uvicorn.Server):
@@ -51,7 +53,8 @@ def _listen(host: str, port: int) -> socket.socket:
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def serve(model: str, cfg: ServerConfig, runtime: RuntimeConfig) -> int:
+def serve(model: str, cfg: ServerConfig, runtime: RuntimeConfig, limits: ConnectionConfig | None = None) -> int:
+    limits = limits or ConnectionConfig()
     engine_kwargs = {} if cfg.engine == "reference" else {"runtime": runtime}
     llm = asap.LLM(model, engine=cfg.engine, dtype=cfg.dtype, device=cfg.device, **engine_kwargs)
     try:
@@ -59,8 +62,9 @@ def serve(model: str, cfg: ServerConfig, runtime: RuntimeConfig) -> int:
         app = create_app(llm, cfg, name, load_tokenizer(llm.model_dir))
         sock = _listen(cfg.host, cfg.port)
         host, port = sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level=cfg.log_level, access_log=cfg.access_log,
-                                timeout_graceful_shutdown=cfg.shutdown_timeout_s)
+        config = uvicorn.Config(ShutdownGuard(app), log_level=cfg.log_level, access_log=cfg.access_log,
+                                timeout_graceful_shutdown=cfg.shutdown_timeout_s,
+                                timeout_keep_alive=limits.keep_alive_s, http=guarded_protocol(limits))
         print(f"asap serve: {name} on the {cfg.engine} engine, listening on http://{host}:{port}", flush=True)
         with _exit_zero_on_signal():
             _Server(app.state.service.supervisor, config).run(sockets=[sock])
