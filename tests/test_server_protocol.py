@@ -5,7 +5,7 @@ import json
 import pytest
 
 from asap.config import ModelConfig
-from asap.model.tokenizer import load_tokenizer, write_tokenizer
+from asap.model.tokenizer import TextTokenizer, load_tokenizer, write_tokenizer
 from asap.server.chat import ChatTemplate
 from asap.server.protocol import ApiError
 from asap.server.requests import Context, parse_chat, parse_completion
@@ -29,8 +29,8 @@ def tok(tmp_path_factory):
 
 
 def ctx(cfg, tokenizer=None, template=None, defaults=None):
-    return Context(cfg, tokenizer, MODEL, text_byte_cap(tokenizer, cfg), 8, defaults or {},
-                   ChatTemplate(template, {}) if template else None)
+    chat = ChatTemplate(TextTokenizer(tokenizer._tok, chat_template=template)) if template else None
+    return Context(cfg, tokenizer, MODEL, text_byte_cap(tokenizer, cfg), 8, defaults or {}, chat)
 
 
 def parse(cfg, body, tokenizer=None, **kw):
@@ -130,9 +130,9 @@ def test_text_over_the_byte_cap_is_refused_without_tokenising(cfg, tok):
         def __init__(self):
             self.calls, self._tok = 0, tok._tok
 
-        def encode(self, text):
+        def encode(self, text, add_special_tokens=True):
             self.calls += 1
-            return tok.encode(text)
+            return tok.encode(text, add_special_tokens)
 
     counting = Counting()
     cap = text_byte_cap(counting, cfg)

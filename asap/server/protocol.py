@@ -81,8 +81,10 @@ def check_model(req: dict, model_name: str) -> None:
                        kind="not_found_error", param="model")
 
 
-def tokenize_text(text: str, tokenizer, byte_cap: int, param: str = "prompt") -> list[int]:
-    """Text -> token ids; the size is checked BEFORE tokenising (a text over `byte_cap` bytes cannot fit)."""
+def tokenize_text(text: str, tokenizer, byte_cap: int, param: str = "prompt",
+                  add_special_tokens: bool = True) -> list[int]:
+    """Text -> token ids; the size is checked BEFORE tokenising (a text over `byte_cap` bytes cannot fit).
+    Special tokens (BOS, as the tokenizer config says) are added to a prompt, not to a rendered chat."""
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer: send `prompt` as a list of token ids", param=param)
     check_text(text, param)
@@ -90,7 +92,7 @@ def tokenize_text(text: str, tokenizer, byte_cap: int, param: str = "prompt") ->
     if size > byte_cap:
         raise ApiError(400, f"`{param}` is {size} bytes of text: more than can fit in the model's "
                             f"max_position_embeddings (at most {byte_cap} bytes)", param=param)
-    return tokenizer.encode(text)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def checked_ids(ids, cfg, param: str = "prompt") -> list[int]:

@@ -96,5 +96,5 @@ def parse_chat(body: bytes, ctx: Context) -> Job:
                             "use /v1/completions", param="messages")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("messages", "add_generation_prompt")}
     text = ctx.chat_template.render(messages, add_generation_prompt, kwargs)
-    ids = checked_ids(tokenize_text(text, ctx.tokenizer, ctx.text_byte_cap, "messages"), ctx.cfg, "messages")
+    ids = checked_ids(tokenize_text(text, ctx.tokenizer, ctx.text_byte_cap, "messages", False), ctx.cfg, "messages")
     return Job("chat", [ids], [None], common, False, logprobs)

@@ -44,7 +44,7 @@ class PrefillService:
         model_dir = getattr(llm, "model_dir", None)
         self.ctx = Context(llm.cfg, tokenizer, model_name, text_byte_cap(tokenizer, llm.cfg), cfg.max_pending,
                            generation_defaults(model_dir) if model_dir else {},
-                           load_chat_template(model_dir, tokenizer) if model_dir else None)
+                           load_chat_template(tokenizer))
         self.engine_id = "asap-" + secrets.token_hex(8)
         self._waiting: set[asyncio.Future] = set()
 

@@ -40,7 +40,8 @@ def tokenize(body: bytes, ctx) -> dict:
         text, param = req.get("prompt"), "prompt"
         if not isinstance(text, str):
             raise ApiError(400, "`prompt` must be a string (or send `messages`)", param="prompt")
-    ids = tokenize_text(text, ctx.tokenizer, ctx.text_byte_cap, param)
+    ids = tokenize_text(text, ctx.tokenizer, ctx.text_byte_cap, param,
+                        _get(req, "add_special_tokens", bool, param == "prompt"))
     return {"count": len(ids), "max_model_len": ctx.cfg.max_position_embeddings, "tokens": ids}
 
 
