@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from asap.comm import CommTimeout, Header, Kind, ShmTransportSpec
+from asap.comm import HEADER_WORDS, CommTimeout, Header, Kind, ShmTransportSpec
 from asap.comm.ring import Ring
 from asap.comm.transport import MAX_DIMS, MAX_TENSORS
 
@@ -32,9 +32,9 @@ def h(**kw):
 def test_header_survives_encode_decode_bit_for_bit():
     hd = Header(Kind.COMBINE, 3, 61, 2, 2**40, 7, deadline=math.inf, sent_at=123.456789, aux=-5)
     enc = hd.encode()
-    assert enc.dtype == torch.int64 and enc.numel() == 9
+    assert enc.dtype == torch.int64 and enc.numel() == HEADER_WORDS
     assert Header.decode(enc) == hd
-    with pytest.raises(ValueError, match="9 int64 words"):
+    with pytest.raises(ValueError, match=f"{HEADER_WORDS} int64 words"):
         Header.decode(enc[:5])
 
 

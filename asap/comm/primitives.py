@@ -18,7 +18,7 @@ import torch
 
 from asap.comm.headers import Header, Kind
 from asap.comm.mailbox import Mailbox, WorkItem, wait_for
-from asap.comm.transport import CommTimeout, Transport
+from asap.comm.transport import CommTimeout, Rows, Transport
 from asap.scheduler.expert_select import OldestFirst, WorkInfo
 
 # While a selector holds ready work back and does not say until when, it is asked
@@ -34,31 +34,78 @@ class PendingCombine:
     hidden_size: int                      # D, so an all-local batch still gets a [T, D] result
     dtype: torch.dtype
     device: torch.device
+    whole: bool = False                   # one rank got every token in order: its partial is the answer
+
+
+@dataclass(frozen=True)
+class DispatchLayout:
+    """Where one (layer, micro-batch)'s tokens go, computed once on the tensors' own device: the
+    (token, rank) pairs sorted by rank, counted, and the counts copied to the host once."""
+    rows: dict[int, torch.Tensor]         # rank -> token indices (ascending), ranks with a message only
+    topk_ids: dict[int, torch.Tensor]     # rank -> [T_r, K], -1 where the pair goes elsewhere
+    topk_weights: dict[int, torch.Tensor]  # rank -> [T_r, K], 0 where the pair goes elsewhere
+    whole: int | None = None              # the one rank that gets every pair, if so (nothing to gather)
+
+
+def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, world_size: int,
+                    always_to: Sequence[int] = ()) -> DispatchLayout:
+    """dest [T, K]: rank per pair, -1 for none. A fixed number of tensor ops whatever T, K and the
+    number of ranks; the only device-to-host copy is one [W + 3] vector (per-rank counts, bad and -1 entries)."""
+    T, K = dest.shape
+    W, dev = world_size, dest.device
+    # Columns: 0..W-1 the ranks, W and W+1 out of range (an error), W+2 "nowhere" (-1).
+    col = dest.clamp(-2, W).remainder(W + 3)
+    member = torch.zeros(T, W + 3, dtype=torch.bool, device=dev)
+    member.scatter_(1, col, True)                             # [T, W+3]: token t has a pair for column c
+    host = member.sum(0).tolist()                             # the one copy to the host
+    if host[W] or host[W + 1]:
+        raise ValueError(f"dest entries must be a rank in [0, {W}) or -1")
+    counts = host[:W]
+    ranks = sorted({r for r in range(W) if counts[r]} | set(always_to))
+    live = [r for r in range(W) if counts[r]]
+    if len(live) == 1 and counts[live[0]] == T and not host[W + 2]:     # every pair to one rank, as is
+        r = live[0]
+        rows = {q: torch.arange(T, device=dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev)
+                for q in ranks}
+        ids = {q: topk_ids if q == r else topk_ids[:0] for q in ranks}
+        ws = {q: topk_weights if q == r else topk_weights[:0] for q in ranks}
+        return DispatchLayout(rows, ids, ws, whole=r)
+    total = sum(counts)
+    flat = member[:, :W].t().reshape(-1)                      # rank-major: r * T + t
+    pos = (flat.nonzero() if dev.type == "cpu" else torch.nonzero_static(flat, size=total)).squeeze(1)
+    tokens, rank_of = pos % max(T, 1), pos // max(T, 1)       # sorted by rank, then token
+    mine = dest[tokens] == rank_of[:, None]                   # [P, K]
+    ids = topk_ids[tokens].masked_fill(~mine, -1).split(counts)
+    ws = topk_weights[tokens].masked_fill(~mine, 0).split(counts)
+    tok = tokens.split(counts)
+    empty = tokens[:0]
+    return DispatchLayout({r: tok[r] if r < W else empty for r in ranks},
+                          {r: ids[r] if r < W else topk_ids[:0] for r in ranks},
+                          {r: ws[r] if r < W else topk_weights[:0] for r in ranks})
 
 
 def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   dest: torch.Tensor, *, replica: int, layer: int, microbatch: int, seq: int,
                   deadline: float = math.inf, always_to: Sequence[int] = ()) -> PendingCombine:
     """Send each rank the tokens that have >= 1 (token, k) pair routed to it; dest[t, k] is that
-    pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless."""
+    pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless.
+    The rows of x are gathered by the transport straight into its buffer (transport.Rows)."""
     if x.dim() != 2 or topk_ids.dim() != 2:
         raise ValueError(f"x must be [T, D] and topk_ids [T, K]; got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
     if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape or dest.shape != topk_ids.shape:
         raise ValueError(f"x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)}, topk_weights "
                          f"{tuple(topk_weights.shape)} and dest {tuple(dest.shape)} disagree on [T, K]")
-    if dest.numel() and int(dest.min()) < -1:
-        raise ValueError("dest entries must be a rank or -1")
-    header = Header(Kind.DISPATCH, replica, layer, microbatch, seq, 0, deadline, time.monotonic())
-    ranks = sorted(set(dest[dest >= 0].unique().tolist()) | set(always_to))
-    rows = {}
-    for r in ranks:
-        mine = dest == r                                    # [T, K]
-        idx = mine.any(dim=1).nonzero().squeeze(1)          # [T_r]
-        mine = mine[idx]
-        t.send(r, replace(header, num_tokens=idx.numel()),
-               [x[idx], topk_ids[idx].masked_fill(~mine, -1), topk_weights[idx].masked_fill(~mine, 0)])
-        rows[r] = idx
-    return PendingCombine((replica, layer, microbatch, seq), x.shape[0], rows, x.shape[1], x.dtype, x.device)
+    now = time.monotonic()
+    world = getattr(t, "world_size", None)
+    if world is None:        # a wrapper that does not say: one more host copy
+        world = max([int(dest.max()) + 1 if dest.numel() else 0, *[r + 1 for r in always_to]])
+    lay = dispatch_layout(dest, topk_ids, topk_weights, world, always_to)
+    for r, idx in lay.rows.items():
+        rows = x if lay.whole == r else Rows(x, idx)
+        header = Header(Kind.DISPATCH, replica, layer, microbatch, seq, idx.numel(), deadline, now)
+        t.send(r, header, [rows, lay.topk_ids[r], lay.topk_weights[r]])
+    return PendingCombine((replica, layer, microbatch, seq), x.shape[0], lay.rows, x.shape[1], x.dtype, x.device,
+                          whole=lay.whole is not None)
 
 
 class WorkQueue:
@@ -125,15 +172,22 @@ def combine_recv(inbox: CombineInbox, pending: PendingCombine, timeout: float | 
         missing = sorted(pending.rows.keys() - partials.get(pending.key, {}).keys())
         raise CommTimeout(f"combine {pending.key}: no answer from ranks {missing} within {timeout}s")
     got = partials.pop(pending.key, {})
+    for r, idx in pending.rows.items():
+        if got[r].shape != (idx.numel(), pending.hidden_size):
+            raise RuntimeError(f"combine {pending.key}: rank {r} sent {tuple(got[r].shape)}, "
+                               f"expected {(idx.numel(), pending.hidden_size)}")
+    live = [r for r in sorted(pending.rows) if pending.rows[r].numel()]
+    if pending.whole and len(live) == 1:              # one rank answered for every token: that is y
+        return got[live[0]].to(pending.device, pending.dtype)
+    if len(live) == 1:                                # one partial: no sum, so no rounding to worry about
+        out = torch.zeros(pending.num_tokens, pending.hidden_size, dtype=pending.dtype, device=pending.device)
+        return out.index_copy_(0, pending.rows[live[0]].to(out.device), got[live[0]].to(out.device, out.dtype))
     # Accumulate 16-bit partials in fp32: rounding once at the end, not once per rank.
     acc = torch.float32 if pending.dtype in (torch.float16, torch.bfloat16) else pending.dtype
     out = torch.zeros(pending.num_tokens, pending.hidden_size, dtype=acc, device=pending.device)
-    for r in sorted(pending.rows):
-        idx, part = pending.rows[r].to(out.device), got[r]
-        if part.shape != (idx.numel(), pending.hidden_size):
-            raise RuntimeError(f"combine {pending.key}: rank {r} sent {tuple(part.shape)}, "
-                               f"expected {(idx.numel(), pending.hidden_size)}")
-        out.index_add_(0, idx, part.to(out.device, acc))   # indices unique per rank: no atomics race
+    for r in live:
+        idx = pending.rows[r].to(out.device)
+        out.index_add_(0, idx, got[r].to(out.device, acc))   # indices unique per rank: no atomics race
     return out.to(pending.dtype)
 
 
