@@ -1,0 +1,119 @@
+"""Package dependencies point down only, read from the imports of every module (function-level ones too).
+
+The declared order, lowest first; a package may import itself and packages below it:
+
+  scheduler   policies: small pure-CPU objects (no torch), used by everything above
+  model       the math, written once (ModelConfig lives in model/config.py)
+  config      RuntimeConfig; re-exports ModelConfig
+  cost        the one cost model (formulas once), over config
+  pipeline    the step state machine and the exchange interface: pure Python, over scheduler
+  workload    arrivals, lengths, traces -> Request
+  comm        the data plane (typed headers + tensors); uses the expert-selection policy
+  workers     what runs in a worker process: loops over the pipeline and comm
+  engine      the user API, which starts workers
+  asap        the package root (re-exports engine's LLM)
+  sim         the simulator: policies, pipeline and cost model; its validation drives the engine
+  bench       metrics, replay, targets (engines or the simulator)
+  kv          the client side of the KV hand-off (pull a prefilled KV cache from a server)
+  server      the HTTP server over an engine
+  cli         the `asap` command: every package registers its sub-commands here
+
+Why sim sits above engine: `asap sim validate` compares the emulated runtime with the simulator,
+so the simulator's package needs the engine, never the reverse. Why comm may import scheduler:
+the expert side's batching choice is a policy (scheduler/expert_select.py), and policies are the
+bottom layer, not a peer.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "asap"
+ORDER = ["scheduler", "model", "config", "cost", "pipeline", "workload", "comm", "workers", "engine", "asap",
+         "sim", "bench", "kv", "server", "cli"]
+PURE = ("scheduler", "pipeline")          # no torch, no numpy, no processes
+
+# Known upward imports in files this test's author does not own; each is a cycle to remove.
+ALLOWED = {
+    ("asap/scheduler/cli.py", "sim"),     # TODO cycle: scheduler -> sim (plan/ablation CLIs belong in sim/bench)
+    ("asap/scheduler/cli.py", "bench"),   # TODO cycle: scheduler -> bench
+    ("asap/model/flops.py", "cost"),      # TODO cycle: model -> cost (cost imports config, which imports model)
+    ("asap/model/cli.py", "config"),      # TODO cycle: model -> config (config re-exports model.config)
+    ("asap/sim/engine.py", "bench"),      # TODO cycle: sim -> bench (RequestResult lives in bench/metrics.py)
+    ("asap/sim/experiments.py", "bench"),  # TODO cycle: sim -> bench
+    ("asap/sim/plan.py", "bench"),        # TODO cycle: sim -> bench
+    ("asap/sim/tune.py", "bench"),        # TODO cycle: sim -> bench
+    ("asap/sim/validate.py", "bench"),    # TODO cycle: sim -> bench
+    ("asap/workers/remote.py", "engine"),  # TODO cycle: workers -> engine (engine/layout.py)
+    ("asap/workers/remote.py", "cli"),    # TODO cycle: workers -> cli (shared flag helpers belong below)
+    ("asap/bench/cli.py", "cli"),         # TODO cycle: bench -> cli
+    ("asap/server/cli.py", "cli"),        # TODO cycle: server -> cli
+}
+
+
+def _package(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if len(parts) == 1:
+        return {"__init__": "asap", "__main__": "cli"}.get(parts[0], parts[0])
+    return parts[0]
+
+
+def _imports(path: Path):
+    """(imported top-level name, imported asap package or None) for every import in the file."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module] + ([f"{node.module}.{a.name}" for a in node.names] if node.module == "asap" else [])
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"asap.{_package(path)}"]           # relative import: its own package
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "asap":
+                yield parts[0], None
+            elif len(parts) == 1:
+                yield "asap", "asap"
+            else:
+                pkg = parts[1]
+                yield "asap", pkg if (ROOT / pkg).is_dir() or pkg in ("config", "cli") else "asap"
+
+
+def _modules():
+    return sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_package_is_in_the_declared_order():
+    packages = {_package(p) for p in _modules()}
+    assert packages <= set(ORDER), f"place these packages in tests/test_layering.py ORDER: {packages - set(ORDER)}"
+
+
+def test_dependencies_point_down_only():
+    rank = {name: i for i, name in enumerate(ORDER)}
+    upward, used = [], set()
+    for path in _modules():
+        src, rel = _package(path), str(path.relative_to(ROOT.parent))
+        for _, dst in _imports(path):
+            if dst is None or dst == src or rank[dst] < rank[src]:
+                continue
+            if (rel, dst) in ALLOWED:
+                used.add((rel, dst))
+                continue
+            upward.append(f"{rel} ({src}) imports {dst}")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(set(upward)))
+    stale = ALLOWED - used
+    assert not stale, f"these cycles are gone: remove them from ALLOWED: {sorted(stale)}"
+
+
+def test_policies_and_the_pipeline_are_pure_python():
+    for path in _modules():
+        if _package(path) in PURE:
+            heavy = {top for top, _ in _imports(path)} & {"torch", "numpy", "multiprocessing"}
+            assert not heavy, f"{path.relative_to(ROOT.parent)} imports {heavy}"
+
+
+def test_the_scheduler_imports_neither_the_simulator_nor_bench_outside_the_allow_list():
+    for path in _modules():
+        if _package(path) == "scheduler":
+            rel = str(path.relative_to(ROOT.parent))
+            bad = {dst for _, dst in _imports(path) if dst in ("sim", "bench")} - {d for f, d in ALLOWED if f == rel}
+            assert not bad, f"{rel} imports {bad}"
