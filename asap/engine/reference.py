@@ -13,7 +13,7 @@ import torch
 
 from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.model.batch import Batch, Chunk, KVCache
-from asap.model.loader import load_attention_side, load_expert_shard
+from asap.model.loader import load_attention_side, load_expert_shard, runtime_dtype
 from asap.model.stages import forward, last_logits, prompt_logprobs
 
 
@@ -43,11 +43,14 @@ def _prompt_logprobs(side, h, start: int, prompt: list[int], k: int) -> PromptLo
 
 
 class ReferenceEngine:
-    def __init__(self, model_dir, dtype=torch.float32, device="cpu"):
-        self.dtype, self.device = dtype, device
+    """dtype None: the checkpoint's torch_dtype. A broken model directory raises ModelLoadError (one line)."""
+
+    def __init__(self, model_dir, dtype=None, device="cpu"):
         self.side = load_attention_side(model_dir, dtype, device)
         self.cfg = self.side.cfg
-        self.shards = [load_expert_shard(model_dir, range(self.cfg.num_experts), dtype, device)]
+        self.dtype, self.device = runtime_dtype(self.cfg, dtype), device
+        self.shards = [load_expert_shard(model_dir, range(self.cfg.num_experts), self.dtype, device)]
+        self._closed = False
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="asap-reference", daemon=True)
         self._thread.start()
@@ -80,9 +83,12 @@ class ReferenceEngine:
                     fut.set_exception(e)
 
     def healthy(self) -> bool:
+        if self._closed:
+            raise RuntimeError("engine is closed")
         return self._thread.is_alive()
 
     def close(self) -> None:
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from asap.model.config import ModelConfig
+from asap.model.errors import ModelLoadError
 from asap.model.presets import CONFIG_ONLY, PRESETS, preset_config
 from asap.model.tensors import tensor_shapes  # noqa: F401 - re-exported: the names and shapes written
 from asap.model.tokenizer import write_tokenizer
@@ -76,10 +77,12 @@ def resolve_model(model: str | Path, config_only: bool = False) -> Path:
     if (p / "config.json").is_file():
         return p
     name = str(model)
+    if p.is_dir():
+        raise ModelLoadError(p, "no config.json in this directory")
     try:
         preset_config(name)
     except ValueError:
-        raise ValueError(f"{name!r} is neither a model directory (with config.json) nor a preset; "
+        raise ModelLoadError("", f"{name!r} is neither a model directory (with config.json) nor a preset; "
                          f"presets: {', '.join(sorted(PRESETS))}") from None
     if config_only:
         target = cache_dir() / f"{name}.config-only"
