@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from asap.comm.headers import Header
-from asap.comm.transport import (ENVELOPE_BYTES, CommTimeout, Message, Transport, TransportSpec,
+from asap.comm.transport import (ENVELOPE_BYTES, CommTimeout, Message, Rows, Transport, TransportSpec,
                                  as_bytes, nbytes, pack_envelope, unpack_envelope)
 
 ENV_TAG, DATA_TAG = 0, 1
@@ -113,8 +113,9 @@ class DistTransport(Transport):
         self._check_dst(dst)
         self._raise_if_failed()
         envelope = pack_envelope(header, tensors)
-        # Copy now so the caller may reuse its buffers at once, as with the shm transport.
-        payload = [as_bytes(t).to(self.device, copy=True) for t in tensors if t.numel()]
+        # Copy now so the caller may reuse its buffers at once, as with the shm transport
+        # (a Rows gathers into a fresh tensor: that is the copy).
+        payload = [as_bytes(t).to(self.device, copy=not isinstance(t, Rows)) for t in tensors if t.numel()]
         ready = None
         if self.device.type == "cuda":   # the sender thread's stream must wait for these copies
             ready = torch.cuda.Event()

@@ -10,7 +10,7 @@ from collections import deque
 import torch
 
 from asap.comm.headers import Header
-from asap.comm.transport import Message, Transport
+from asap.comm.transport import Message, Rows, Transport
 
 
 class Loopback(Transport):
@@ -21,8 +21,9 @@ class Loopback(Transport):
         self._local: deque[Message] = deque()
 
     def send(self, dst: int, header: Header, tensors: list[torch.Tensor]) -> None:
-        if dst == self.rank:
-            self._local.append(Message(self.rank, header, list(tensors)))
+        if dst == self.rank:     # a copy, as over the wire: the caller may reuse its tensors
+            self._local.append(Message(self.rank, header, [t.materialize() if isinstance(t, Rows) else t.clone()
+                                                           for t in tensors]))
         else:
             self.inner.send(dst, header, tensors)
 
