@@ -1,5 +1,7 @@
 """Promise: no request body, however malformed, gets a 5xx or takes the server down; every refusal is
-a 4xx with an OpenAI-style JSON error. (Reference engine: the parsing path is the same for all engines.)"""
+a 4xx with an OpenAI-style JSON error, and every stream ends with [DONE]. Unicode edge cases (lone
+surrogates, noncharacters, invalid UTF-8, BOMs, huge combining runs) included, on every text field.
+(Reference engine: the parsing path is the same for all engines.)"""
 import asyncio
 import collections
 import json
@@ -67,9 +69,11 @@ def rand_body(rng: random.Random) -> bytes:
     if kind == 2:
         return b"[" * rng.choice([10, 1000, 50_000]) + b"]" * rng.randrange(3)
     body = {"prompt": rand_prompt(rng)}
-    for field in ("max_tokens", "model", "stream", "n", "return_kv", "temperature"):
-        if rng.random() < 0.3:
-            body[field] = rng.choice([rand_json(rng), 0, 1, 2, "tiny", True, False])
+    for field in ("max_tokens", "model", "stream", "n", "return_kv", "temperature", "echo", "logprobs", "top_p",
+                  "top_k", "seed", "stream_options", "kv_transfer_params", "logit_bias", "best_of", "stop"):
+        if rng.random() < 0.07:
+            body[field] = rng.choice([rand_json(rng), 0, 1, 2, "tiny", True, False, {"include_usage": True},
+                                      {"do_remote_decode": True}, {"5": 3.0}])
     raw = json.dumps(body).encode()
     if kind == 3:
         raw = raw[:rng.randrange(len(raw) + 1)]        # truncated
@@ -86,7 +90,7 @@ def test_random_bodies_never_get_a_5xx_and_the_server_survives(server):
     for (body, _), (status, payload) in zip(cases, responses):
         assert status < 500, (body[:200], payload)
         if status == 200:
-            assert payload["choices"][0]["token_ids"][0] in range(VOCAB)
+            assert all(t in range(VOCAB) for c in payload["choices"] for t in c["token_ids"])
         else:
             error = payload["error"]
             assert isinstance(error["message"], str) and error["message"] and error["code"] == status
@@ -101,7 +105,7 @@ async def post_all(url, cases, concurrency):
     async def post(client, body, content_type):
         async with limit:
             r = await client.post("/v1/completions", content=body, headers={"content-type": content_type})
-            return r.status_code, r.json()
+            return r.status_code, parse(r)
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         return await asyncio.gather(*(post(client, body, ct) for body, ct in cases))
@@ -115,3 +119,67 @@ def test_string_prompt_without_a_tokenizer_and_oversized_bodies_are_4xx(server):
     assert r.status_code == 413
     assert client.get("/v1/kv/kv-does-not-exist").status_code == 404
     assert client.get("/no/such/route").json()["error"]["code"] == 404
+
+
+def parse(r: httpx.Response) -> dict:
+    """A JSON body, or a stream's chunks merged into one body (an error event stays an error)."""
+    if not r.headers.get("content-type", "").startswith("text/event-stream"):
+        return r.json()
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", r.text[-200:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    errors = [c for c in chunks if "error" in c]
+    if errors:
+        return {"error": {**errors[0]["error"], "code": 200}}
+    return {"choices": [c for chunk in chunks for c in chunk["choices"]]}
+
+
+UNICODE = ['"\\ud800"', '"\\udfff"', '"ok\\ud83d"', '"\\ud83d\\ude00"', '"\\udc00\\ud800"', '"\\u0000"',
+           '"\\ufeffbom"', '"\\uffff\\ufffe"', '"\\U0010FFFF"', '"\\uZZZZ"', '"\\x41"', '"tab\\ttab"',
+           '"\\u202eevil"', '"\U0001F468\u200d\U0001F469\u200d\U0001F467"', '"' + "e\u0301" * 3000 + '"',
+           '"' + "\U0001F600" * 20000 + '"', '"\u4e2d\u6587"', '"\U0010ffff"']
+RAW = [b'"\xed\xa0\x80"', b'"\xc0\xaf"', b'"\xf4\x90\x80\x80"', b'"\xff"', b'"\x00"', b'"a\x80b"']
+
+
+def unicode_bodies() -> list[tuple[str, bytes]]:
+    values = [u.encode("utf-8", "surrogatepass") for u in UNICODE] + RAW
+    out = []
+    for v in values:
+        out += [("/v1/completions", b'{"prompt": ' + v + b'}'),
+                ("/v1/completions", b'{"prompt": [' + v + b'], "echo": true, "logprobs": 1}'),
+                ("/v1/completions", b'{"prompt": [1, 2], "model": ' + v + b'}'),
+                ("/v1/completions", b'{"prompt": [1, 2], "stop": [' + v + b'], "user": ' + v + b'}'),
+                ("/v1/completions", b'{"prompt": ' + v + b', "stream": true}'),
+                ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + v + b'}]}'),
+                ("/v1/chat/completions", b'{"messages": [{"role": ' + v + b', "content": "x"}], "stream": true}'),
+                ("/tokenize", b'{"prompt": ' + v + b'}'),
+                ("/detokenize", b'{"tokens": [' + v + b']}')]
+    out += [("/v1/completions", b'\xef\xbb\xbf{"prompt": [1]}'), ("/v1/completions", b'\xff\xfe{\x00}\x00')]
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_server(tiny_dirs, tmp_path_factory):
+    args = [str(tiny_dirs["tiny-deepseek-v3"]), "--engine", "reference", "--max-body-kb", "256"]
+    with ServerProcess(args, tmp_path_factory.mktemp("log") / "server.log") as srv:
+        yield srv
+
+
+def test_unicode_edge_cases_never_get_a_5xx(text_server):
+    cases = unicode_bodies()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=text_server.url, timeout=60) as client:
+            return [await client.post(path, content=body, headers={"content-type": "application/json"})
+                    for path, body in cases]
+
+    responses = asyncio.run(run())
+    for (path, body), r in zip(cases, responses):
+        assert r.status_code < 500, (path, body[:80], r.text[:300])
+        payload = parse(r)
+        if "error" in payload:
+            assert isinstance(payload["error"]["message"], str) and payload["error"]["message"]
+    lone = [r for (path, body), r in zip(cases, responses)
+            if path == "/v1/completions" and body == b'{"prompt": "\\ud800"}']
+    assert lone[0].status_code == 400 and "lone surrogate" in lone[0].json()["error"]["message"]
+    assert httpx.get(text_server.url + "/health").status_code == 200
