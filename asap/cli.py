@@ -9,7 +9,8 @@ import sys
 # module -> it defines `register(subparsers)`; each parser sets `func(args) -> int`.
 COMMANDS = [
     "asap.model.cli",        # make-model
-    "asap.bench.cli",        # demo, bench
+    "asap.bench.cli",        # bench
+    "asap.bench.demo",       # demo
     "asap.workers.remote",   # expert-worker (remote experts under torchrun)
     "asap.scheduler.cli",    # plan, ablation
     "asap.sim.cli",          # sim, profile

@@ -2,8 +2,10 @@
 and a run accounts for every request of every target in its table, JSON and plots."""
 import argparse
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asap.bench.cli import build_workload, parse_lengths, register, runtime_from_args
@@ -53,9 +55,9 @@ def test_workload_flags():
     synthetic = build_workload(parse("--trace", "none", "--arrivals", "poisson", "--rate", "3", "--lengths",
                                      "fixed:10", "--num-requests", "7"), 512, 4096).build()
     assert len(synthetic) == 7 and {r.num_tokens for r in synthetic} == {10}
-    with pytest.raises(ValueError, match="needs --rate"):
+    with pytest.raises(ValueError, match="needs --request-rate"):
         build_workload(parse("--arrivals", "poisson"), 512, 4096)
-    with pytest.raises(ValueError, match="--trace none"):
+    with pytest.raises(ValueError, match="--dataset-path none"):
         build_workload(parse("--trace", "none", "--arrivals", "poisson", "--rate", "1"), 512, 4096)
 
 
@@ -64,7 +66,7 @@ def test_bad_invocations_are_clear_errors(capsys):
     assert "needs an SLO" in capsys.readouterr().err
     assert main(["bench", "--target", "http", "--model", "tiny-deepseek-v3", "--trace", str(MOONCAKE),
                  "--no-progress"]) == 2
-    assert "needs --url" in capsys.readouterr().err
+    assert "needs --base-url" in capsys.readouterr().err
     assert main(["bench", "--target", "sim-async", "--model", "tiny-deepseek-v3", "--trace", "/nonexistent.jsonl"]) == 2
     assert "not found" in capsys.readouterr().err
 
@@ -110,3 +112,88 @@ def test_async_and_sync_end_to_end_account_for_every_request(tmp_path, capsys):
     plots = tmp_path / "plots"
     for name in ("ttft_cdf.png", "timeline_async.png", "timeline_sync.png", "trace_sync.json"):
         assert (plots / name).is_file(), name
+
+
+# ---- vllm bench serve's flags ----
+
+def test_vllm_spellings_are_aliases_of_the_old_ones():
+    new = parse("--num-prompts", "7", "--request-rate", "2.5", "--dataset-path", str(MOONCAKE), "--base-url", "http://h")
+    old = parse("--num-requests", "7", "--rate", "2.5", "--trace", str(MOONCAKE), "--url", "http://h")
+    for key in ("num_requests", "rate", "dataset_path", "url"):
+        assert getattr(new, key) == getattr(old, key), key
+
+
+def test_random_dataset_is_vllms_uniform_range_sent_all_at_once_by_default():
+    w = build_workload(parse("--dataset-name", "random", "--random-input-len", "100", "--random-range-ratio", "0.2",
+                             "--num-prompts", "200"), vocab_size=512, max_position=4096)
+    reqs = w.build()
+    lengths = [r.num_tokens for r in reqs]
+    assert len(reqs) == 200 and min(lengths) >= 80 and max(lengths) <= 120 and len(set(lengths)) > 20
+    assert {r.arrival for r in reqs} == {0.0}                    # --request-rate inf, vLLM's default
+    fixed = build_workload(parse("--dataset-name", "random", "--random-input-len", "64", "--num-prompts", "5",
+                                 "--request-rate", "4"), 512, 4096).build()
+    assert {r.num_tokens for r in fixed} == {64} and fixed[-1].arrival == pytest.approx(1.0)   # (N-1) / rate
+
+
+def test_burstiness_is_gamma_arrivals_of_that_shape():
+    def gaps(*flags):
+        reqs = build_workload(parse("--dataset-name", "random", "--random-input-len", "8", "--num-prompts", "4000",
+                                    "--request-rate", "10", *flags), 512, 4096).build()
+        g = np.diff([r.arrival for r in reqs])
+        return g.std() / g.mean()
+    assert gaps() == pytest.approx(1.0, abs=0.1)                               # Poisson
+    assert gaps("--burstiness", "0.25") == pytest.approx(2.0, abs=0.25)        # cv = 1 / sqrt(B)
+
+
+def test_goodput_ttft_is_the_slo_and_must_agree_with_slo_ttft_s():
+    w = build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500"), 512, 1 << 20)
+    assert w.slo_ttft_s == 1.5 and all(r.deadline - r.arrival == pytest.approx(1.5) for r in w.build())
+    with pytest.raises(ValueError, match="disagree"):
+        build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500", "--slo-ttft-s", "2"), 512, 4096)
+
+
+def test_sharegpt_prompts_are_the_first_turns_tokenized(tmp_path):
+    from asap.model.materialize import resolve_model
+    from asap.model.tokenizer import load_tokenizer, write_tokenizer
+    model = tmp_path / "m"
+    shutil.copytree(resolve_model("tiny-deepseek-v3"), model)
+    if write_tokenizer(model, 512) is None:
+        pytest.skip("the tokenizers package is not installed")
+    data = [{"conversations": [{"from": "human", "value": f"question number {i}?"}, {"from": "gpt", "value": "a"}]}
+            for i in range(5)] + [{"conversations": [{"from": "human", "value": "alone"}]}, {"id": "no turns"}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(data))
+    args = parse("--dataset-name", "sharegpt", "--dataset-path", str(path), "--model", str(model),
+                 "--num-prompts", "3", "--request-rate", "2")
+    reqs = build_workload(args, 512, 4096).build()
+    tok = load_tokenizer(model)
+    texts = {tok.decode(r.prompt) for r in reqs}
+    assert len(reqs) == 3 and texts <= {f"question number {i}?" for i in range(5)} and len(texts) == 3
+    with pytest.raises(ValueError, match="needs --dataset-path"):
+        build_workload(parse("--dataset-name", "sharegpt"), 512, 4096)
+
+
+def test_bad_vllm_flags_are_clear_errors(capsys):
+    for argv, text in ((["--dataset-name", "azure"], "needs --dataset-path"),
+                       (["--goodput", "ttft"], "--goodput"),
+                       (["--metric-percentiles", "150"], "--metric-percentiles"),
+                       (["--max-concurrency", "0"], "--max-concurrency"),
+                       (["--dataset-name", "random", "--request-rate", "inf", "--burstiness", "2"], "inf"),
+                       (["--result-filename", "x.json"], "needs --save-result")):
+        assert main(["bench", "--target", "sim-async", "--model", "tiny-deepseek-v3", *argv]) == 2, argv
+        assert text in capsys.readouterr().err, argv
+
+
+def test_save_result_writes_one_vllm_style_file_per_run(tmp_path, capsys):
+    assert main(["bench", "--target", "sim-async", "--target", "sim-sync", "--model", "tiny-deepseek-v3",
+                 "--dataset-name", "random", "--random-input-len", "32", "--num-prompts", "20", "--request-rate", "5",
+                 "--goodput", "ttft:1000", "--save-result", "--result-dir", str(tmp_path)]) == 0
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2 and all("-5qps-tiny-deepseek-v3-" in f.name for f in files)
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["completed"] + doc["failed"] == doc["num_prompts"] == 20
+        assert {"date", "backend", "model_id", "request_rate", "burstiness", "duration", "request_throughput",
+                "request_goodput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+                "slo_attainment", "ttft_p90_ms"} <= set(doc)
+    assert "median_ttft_ms" in capsys.readouterr().out

@@ -1,13 +1,25 @@
-"""Promises of asap.bench.http_target.HttpTarget against a mocked OpenAI-compatible server."""
+"""Promises of asap.bench.http_target.HttpTarget against mocked OpenAI-compatible servers: it sends what
+`vllm bench serve` sends, takes TTFT at the first streamed chunk, and keeps every failure's reason."""
+import asyncio
 import json
 
 import httpx
+import pytest
 
 from asap.bench.http_target import HttpTarget
 from asap.scheduler.request import Request
 
 
-def test_posts_token_ids_with_max_tokens_1_and_maps_status_to_failure():
+def sse(*chunks, done=True) -> bytes:
+    events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + (["data: [DONE]\n\n"] if done else [])
+    return "".join(events).encode()
+
+
+CHOICE = {"choices": [{"index": 0, "text": "", "finish_reason": None}]}
+USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def test_streams_token_ids_as_vllm_bench_does_and_maps_status_to_failure():
     bodies = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -15,17 +27,73 @@ def test_posts_token_ids_with_max_tokens_1_and_maps_status_to_failure():
         body = json.loads(request.content)
         bodies.append(body)
         if body["prompt"][0] == 0:
-            return httpx.Response(503, text="overloaded")
-        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+            return httpx.Response(503, json={"error": {"message": "overloaded", "type": "server_error"}})
+        return httpx.Response(200, content=sse(CHOICE, USAGE), headers={"content-type": "text/event-stream"})
 
-    target = HttpTarget("http://server:8000/", model="m", label="vllm", progress=False,
+    target = HttpTarget("http://server:8000/", model="m", label="vllm", progress=False, ignore_eos=True,
                         transport=httpx.MockTransport(handler))
     requests = [Request(0, 3, prompt=[5, 6, 7]), Request(1, 2, arrival=0.01, prompt=[0, 1])]
     results = target.run(requests)
     assert sorted(b["prompt"] for b in bodies) == [[0, 1], [5, 6, 7]]
-    assert all(b["model"] == "m" and b["max_tokens"] == 1 for b in bodies)
-    assert results[0].ok and results[0].ttft >= 0
-    assert results[1].error.startswith("RuntimeError: HTTP 503") and "overloaded" in results[1].error
+    for b in bodies:
+        assert b == {"model": "m", "prompt": b["prompt"], "max_tokens": 1, "stream": True,
+                     "stream_options": {"include_usage": True}, "ignore_eos": True}
+    assert results[0].ok and 0 <= results[0].ttft <= results[0].e2el and results[0].output_tokens == 1
+    assert results[1].error == "RuntimeError: HTTP 503: overloaded"
+
+
+def test_ttft_is_the_first_chunk_not_the_end_of_the_stream():
+    async def body():
+        yield sse(CHOICE, done=False)
+        await asyncio.sleep(0.4)                 # the rest of the response comes much later
+        yield sse(USAGE)
+
+    def handler(request):
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    [r] = HttpTarget("http://h", "m", progress=False, transport=httpx.MockTransport(handler)).run(
+        [Request(0, 3, prompt=[1, 2, 3])])
+    assert r.ok and r.ttft < 0.2 and r.e2el >= 0.4
+
+
+@pytest.mark.parametrize("content, reason", [
+    (sse({"error": {"message": "worker died", "type": "server_error"}}), "error in stream: worker died"),
+    (sse(USAGE), "without any chunk carrying choices"),
+    (b"data: {not json\n\n", "malformed SSE chunk"),
+])
+def test_stream_failures_keep_their_reason(content, reason):
+    [r] = HttpTarget("http://h", "m", progress=False,
+                     transport=httpx.MockTransport(lambda q: httpx.Response(200, content=content))).run(
+        [Request(0, 1, prompt=[1])])
+    assert not r.ok and reason in r.error
+
+
+def test_non_streaming_mode_posts_plain_requests():
+    seen = []
+
+    def handler(request):
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+    [r] = HttpTarget("http://h", "m", progress=False, stream=False, transport=httpx.MockTransport(handler)).run(
+        [Request(0, 1, prompt=[1])])
+    assert r.ok and seen[0]["stream"] is False and "stream_options" not in seen[0]
+
+
+def test_max_concurrency_bounds_requests_in_flight():
+    live, peak = [0], [0]
+
+    async def body():
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        await asyncio.sleep(0.05)
+        live[0] -= 1
+        yield sse(CHOICE, USAGE)
+
+    target = HttpTarget("http://h", "m", progress=False, max_concurrency=2, transport=httpx.MockTransport(
+        lambda q: httpx.Response(200, content=body())))
+    results = target.run([Request(i, 1, prompt=[1]) for i in range(6)])      # all arrive at 0
+    assert all(r.ok for r in results) and peak[0] == 2
 
 
 def test_requests_without_prompt_fail_clearly_and_full_url_is_kept():

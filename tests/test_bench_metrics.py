@@ -65,3 +65,45 @@ def test_bad_summary_arguments_raise():
         summarize([ok(0, 0.1)], slo=0)
     with pytest.raises(ValueError, match="duration"):
         summarize([ok(0, 0.1)], duration=-1)
+
+
+# ---- vLLM's result keys ----
+
+from asap.bench.metrics import parse_goodput, parse_metrics, parse_percentiles, vllm_metrics  # noqa: E402
+
+
+def test_vllm_keys_match_vllms_definitions():
+    results = [RequestResult(i, 0.1 * i, 100 + i, 0.1 * (i + 1), None, 0.25, e2el=0.2 * (i + 1)) for i in range(4)]
+    results.append(RequestResult(4, 0.5, 50, None, "RuntimeError: boom", 0.25))
+    s = summarize(results)
+    v = vllm_metrics(results, s, metrics=["ttft", "e2el", "tpot"], percentiles=[50, 99.9], goodput={})
+    assert (v["completed"], v["failed"], v["duration"]) == (4, 1, s["duration_s"])
+    assert v["total_input_tokens"] == 100 + 101 + 102 + 103 and v["total_output_tokens"] == 4
+    assert v["request_throughput"] == pytest.approx(4 / s["duration_s"])
+    assert v["request_goodput"] == pytest.approx(2 / s["duration_s"])       # TTFT 0.1, 0.2 within 0.25
+    assert v["mean_ttft_ms"] == pytest.approx(250) and v["median_ttft_ms"] == pytest.approx(250)
+    assert v["std_ttft_ms"] == pytest.approx(np.std([100, 200, 300, 400]))
+    assert v["p50_ttft_ms"] == pytest.approx(250) and "p99.9_ttft_ms" in v
+    assert v["mean_e2el_ms"] == pytest.approx(500)
+    assert v["mean_tpot_ms"] == 0.0          # one token: vLLM reports 0
+    assert v["errors"][4] == "RuntimeError: boom" and v["ttfts"][4] is None and len(v["input_lens"]) == 5
+    e2el_bound = vllm_metrics(results, s, goodput={"e2el": 0.5})            # also within 500 ms end to end
+    assert e2el_bound["request_goodput"] == pytest.approx(2 / s["duration_s"])
+    tight = vllm_metrics(results, s, goodput={"e2el": 0.3})
+    assert tight["request_goodput"] == pytest.approx(1 / s["duration_s"])
+    assert vllm_metrics(results[:4], summarize([RequestResult(i, 0, 1, 0.1) for i in range(2)]))["request_goodput"] \
+        is None                              # no SLO at all
+
+
+def test_vllm_flag_values_are_checked():
+    assert parse_goodput(["ttft:500", "e2el:2000"]) == {"ttft": 0.5, "e2el": 2.0}
+    assert parse_percentiles("50,90,99.9") == [50.0, 90.0, 99.9]
+    assert parse_metrics("ttft,e2el") == ["ttft", "e2el"]
+    for bad in (["ttft"], ["ttft:x"], ["latency:5"], ["ttft:-1"]):
+        with pytest.raises(ValueError, match="--goodput"):
+            parse_goodput(bad)
+    for bad in ("", "0", "101", "a,b"):
+        with pytest.raises(ValueError, match="--metric-percentiles"):
+            parse_percentiles(bad)
+    with pytest.raises(ValueError, match="--percentile-metrics"):
+        parse_metrics("ttft,latency")

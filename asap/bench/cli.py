@@ -1,13 +1,19 @@
-r"""`asap bench` (targets side by side on one workload) and `asap demo` (asap/bench/demo.py).
+r"""`asap bench`: targets side by side on one workload, with `vllm bench serve`'s flags and result keys.
 
-    asap bench --target sync --target async --length-scale 0.02 --num-requests 50 --rate 1 \
-        --slo-ttft-s 10 --json out/bench.json --plot out/plots
+    asap bench --target sync --target async --length-scale 0.02 --num-prompts 50 --request-rate 1 \
+        --slo-ttft-s 10 --save-result --result-dir out --plot out/plots
+    asap bench --target http --base-url http://127.0.0.1:8000 --served-model-name my-model \
+        --dataset-name random --random-input-len 512 --num-prompts 200 --request-rate 4 --goodput ttft:500
     asap bench --target sim-async --target sim-sync --find-max-rate --slo-ttft-s 10 \
         --arrivals poisson --rate 0.5 --length-scale 0.02 --max-tokens 1024 --plot out/sim
 
 Every target runs the same requests. Sync gets as many devices as async
 (--devices defaults to A + E). Per target: one run, a sweep (--rates) or a
-search for the highest rate meeting the SLO target (--find-max-rate).
+search for the highest rate meeting the SLO target (--find-max-rate). Each run
+record has vLLM's keys (completed, failed, duration, request_throughput,
+request_goodput, mean/median/std/p99_ttft_ms, ...) and ASAP's (slo_attainment,
+ttft_p90_ms, max_slo_rate, worker busy/stall/idle). The default dataset is the
+Mooncake sample shipped in the package.
 """
 from __future__ import annotations
 
@@ -16,14 +22,18 @@ import dataclasses
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 
-from asap.bench.metrics import RequestResult, summarize
+from asap.bench.datasets import add_workload_flags, build_workload, parse_lengths  # noqa: F401 (re-exported)
+from asap.bench.metrics import RequestResult, parse_goodput, parse_metrics, parse_percentiles, summarize, \
+    vllm_metrics
 from asap.bench.rate_search import find_max_rate
-from asap.bench.report import format_table, run_record, text_table, write_chrome_trace, write_json
-from asap.bench.targets import TARGETS, close_target, default_trace, make_target, model_config, needs_prompts
+from asap.bench.report import format_table, run_record, text_table, write_chrome_trace, write_json, \
+    write_result_files
+from asap.bench.targets import TARGETS, close_target, make_target, model_config, needs_prompts
 from asap.config import RuntimeConfig
-from asap.workload import Constant, Fixed, Gamma, LogNormal, Poisson, Uniform, Workload
+from asap.workload import Workload
 
 
 def register(sub):
@@ -32,8 +42,18 @@ def register(sub):
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", action="append", choices=TARGETS,
                    help="repeatable; default: --target sync --target async")
-    p.add_argument("--url", help="http target: server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default="small-deepseek-v3", help="preset name or HF model directory")
+    p.add_argument("--model", default="small-deepseek-v3",
+                   help="preset name or HF model directory: the local config (and tokenizer) of the workload")
+    h = p.add_argument_group("http target (an OpenAI-compatible server)")
+    h.add_argument("--base-url", "--url", dest="url", help="server base URL, e.g. http://127.0.0.1:8000")
+    h.add_argument("--endpoint", default="/v1/completions", help="API path (default: %(default)s)")
+    h.add_argument("--served-model-name", help="the model name the server answers to (default: --model)")
+    h.add_argument("--max-concurrency", type=int, default=None,
+                   help="at most this many requests in flight (engines and http); a request's clock starts "
+                        "when it is sent, as vLLM")
+    h.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream (stream_options.include_usage) and take TTFT at the first chunk, as vLLM")
+    h.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true")
     add_workload_flags(p)
     s = p.add_argument_group("rate search / sweep")
     s.add_argument("--find-max-rate", action="store_true",
@@ -43,7 +63,14 @@ def register(sub):
     s.add_argument("--max-iters", type=int, default=10, help="most runs per target in a search")
     s.add_argument("--rates", help="comma-separated rates (req/s): one run per rate and target")
     o = p.add_argument_group("output")
-    o.add_argument("--json", help="write the run records here")
+    o.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="metrics with percentiles in the result: ttft, tpot, itl, e2el (default: %(default)s)")
+    o.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles (default: %(default)s)")
+    o.add_argument("--save-result", action="store_true",
+                   help="write each run's result JSON (vLLM's keys + ASAP's) into --result-dir")
+    o.add_argument("--result-dir", default=".", help="with --save-result (default: %(default)s)")
+    o.add_argument("--result-filename", help="with --save-result and a single run: the file name")
+    o.add_argument("--json", help='write every run record into this one file: {"runs": [...]}')
     o.add_argument("--plot", help="write TTFT CDF, attainment vs rate and worker timelines into this directory")
     o.add_argument("--timeout", type=float, default=None, help="a request still unanswered after this (s) fails")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -51,68 +78,12 @@ def register(sub):
     add_config_flags(e, RuntimeConfig)
     p.set_defaults(func=run, devices=None)
 
-    from asap.bench.demo import register as register_demo
-    register_demo(sub)
-
-
-def add_workload_flags(p) -> None:
-    w = p.add_argument_group("workload")
-    w.add_argument("--trace", default=None,
-                   help="Mooncake .jsonl[.gz] or Azure .csv, or 'none' (default: the Mooncake conversation sample shipped in "
-                        "the package, 3,658 requests)")
-    w.add_argument("--arrivals", default="trace", choices=["trace", "poisson", "gamma", "constant"])
-    w.add_argument("--cv", type=float, default=2.0, help="gamma arrivals: coefficient of variation of the gaps")
-    w.add_argument("--rate", type=float, help="mean request rate (req/s); rescales the arrivals")
-    w.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (without --rate)")
-    w.add_argument("--lengths", default="trace",
-                   help="trace | fixed:N | uniform:LO:HI | lognormal:MEAN:SIGMA")
-    w.add_argument("--length-scale", type=float, default=1.0, help="multiply prompt lengths")
-    w.add_argument("--min-tokens", type=int, default=1)
-    w.add_argument("--max-tokens", type=int, default=None, help="clip prompt lengths (default: the model's limit)")
-    w.add_argument("--num-requests", type=int, default=100)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--slo-ttft-s", type=float, help="TTFT SLO: a fixed budget in seconds")
-    w.add_argument("--slo-per-token-ms", type=float,
-                   help="TTFT SLO: milliseconds per prompt token (with --slo-ttft-s: the larger budget)")
-
 
 def runtime_from_args(args) -> RuntimeConfig:
     """The engines' config; sync gets as many devices as async (A + E) unless --devices says otherwise."""
     from asap.cli import config_from_args
     devices = args.devices if args.devices is not None else args.attention_workers + args.expert_workers
     return config_from_args(RuntimeConfig, argparse.Namespace(**{**vars(args), "devices": devices}))
-
-
-def parse_lengths(spec: str):
-    """'trace' -> None (lengths from the trace), else a LengthDistribution."""
-    kinds = {"fixed": (Fixed, int), "uniform": (Uniform, int, int), "lognormal": (LogNormal, float, float)}
-    name, *params = spec.split(":")
-    if name == "trace" and not params:
-        return None
-    if name not in kinds or len(params) != len(kinds[name]) - 1:
-        raise ValueError(f"--lengths {spec!r}: expected trace, fixed:N, uniform:LO:HI or lognormal:MEAN:SIGMA")
-    cls, *types = kinds[name]
-    try:
-        return cls(*(t(x) for t, x in zip(types, params)))
-    except ValueError as e:
-        raise ValueError(f"--lengths {spec!r}: {e}") from None
-
-
-def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool = True) -> Workload:
-    trace = None if args.trace == "none" else (args.trace or str(default_trace()))
-    arrivals = {"trace": None, "poisson": Poisson(1.0), "gamma": Gamma(1.0, args.cv),
-                "constant": Constant(1.0)}[args.arrivals]
-    if arrivals is not None and args.rate is None:
-        raise ValueError(f"--arrivals {args.arrivals} needs --rate")
-    if trace is None and (arrivals is None or args.lengths == "trace"):
-        raise ValueError("--trace none needs --arrivals and --lengths that are not 'trace'")
-    max_tokens = min(args.max_tokens or max_position, max_position)
-    return Workload(trace=trace, arrivals=arrivals, lengths=parse_lengths(args.lengths),
-                    num_requests=args.num_requests, rate=args.rate, time_scale=args.time_scale,
-                    length_scale=args.length_scale, min_tokens=min(args.min_tokens, max_tokens),
-                    max_tokens=max_tokens, slo_ttft_s=args.slo_ttft_s,
-                    slo_per_token_s=None if args.slo_per_token_ms is None else args.slo_per_token_ms / 1000,
-                    seed=args.seed, with_prompts=with_prompts, vocab_size=vocab_size)
 
 
 def describe_slo(w: Workload) -> str:
@@ -152,11 +123,28 @@ def measure(target, workload: Workload) -> Run:
           + (f", SLO attainment {att:.3f}" if att is not None else "")
           + (f", TTFT p90 {p90:.0f} ms" if (p90 := run.summary["ttft_p90_ms"]) is not None else "")
           + f", {run.summary['num_failed']} failed ({wall:.0f} s)", file=sys.stderr, flush=True)
+    if run.summary["num_failed"]:
+        print(f"[bench] {target.label}: failures: {failure_reasons(results)}", file=sys.stderr, flush=True)
     return run
 
 
-def record_of(run: Run, workload: Workload, search: dict | None = None, **extra) -> dict:
+def failure_reasons(results: list[RequestResult], most: int = 3) -> str:
+    """The commonest failure reasons with their counts, e.g. "HTTP 404: model 'x' not found (3x)"."""
+    counts = Counter(r.error or "no first token" for r in results if not r.ok)
+    return "; ".join(f"{e} ({n}x)" for e, n in counts.most_common(most)) + \
+        (f"; and {len(counts) - most} other reasons" if len(counts) > most else "")
+
+
+def vllm_options(args) -> dict:
+    """--percentile-metrics, --metric-percentiles and --goodput, checked."""
+    return dict(metrics=parse_metrics(args.percentile_metrics), percentiles=parse_percentiles(args.metric_percentiles),
+                goodput=parse_goodput(args.goodput))
+
+
+def record_of(run: Run, workload: Workload, search: dict | None = None, vllm: dict | None = None, **extra) -> dict:
+    """ASAP's summary + vLLM's result keys (`vllm`: vllm_options) + what produced the run."""
     rec = run_record(run.label, run.summary, search)
+    rec.update(vllm_metrics(run.results, run.summary, **(vllm or {})))
     rec.update(rate=run.rate, slo=describe_slo(workload), workers=run.workers, wall_s=run.wall_s,
                num_tokens=sum(r.num_tokens for r in run.results), **extra)
     return rec
@@ -164,7 +152,7 @@ def record_of(run: Run, workload: Workload, search: dict | None = None, **extra)
 
 def bench_target(name: str, target, workload: Workload, args) -> tuple[list[dict], list[Run], dict]:
     """Records and runs of one target: a single run, a sweep, or a rate search; plus its rate curve."""
-    extra = {"target": name}
+    extra = {"target": name, "vllm": vllm_options(args)}
     if hasattr(target, "startup_s"):
         extra["startup_s"] = target.startup_s
     if args.find_max_rate:
@@ -244,8 +232,16 @@ def run(args) -> int:
     names = args.target or ["sync", "async"]
     if args.find_max_rate and args.rates:
         raise ValueError("use either --find-max-rate or --rates")
-    if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None:
-        raise ValueError("--find-max-rate needs an SLO: --slo-ttft-s or --slo-per-token-ms")
+    if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None \
+            and "ttft" not in parse_goodput(args.goodput):
+        raise ValueError("--find-max-rate needs an SLO: --slo-ttft-s, --slo-per-token-ms or --goodput ttft:MS")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if args.max_concurrency is not None and any(n.startswith("sim-") for n in names):
+        raise ValueError("--max-concurrency applies to engines and http, not to the simulator")
+    if args.result_filename and not args.save_result:
+        raise ValueError("--result-filename needs --save-result")
+    vllm_options(args)          # bad --percentile-metrics / --metric-percentiles / --goodput fail before any run
     runtime = runtime_from_args(args)
     cfg = model_config(args.model)
     workload = build_workload(args, cfg.vocab_size, cfg.max_position_embeddings, needs_prompts(runtime, names))
@@ -253,7 +249,9 @@ def run(args) -> int:
     records, runs, curves = [], [], {}
     for name in names:
         print(f"[bench] {name}: starting", file=sys.stderr, flush=True)
-        target = make_target(name, args.model, runtime, args.url, args.progress, args.timeout)
+        target = make_target(name, args.model, runtime, args.url, args.progress, args.timeout,
+                             served_model_name=args.served_model_name, endpoint=args.endpoint, stream=args.stream,
+                             max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos)
         try:
             recs, rs, curve = bench_target(name, target, workload, args)
         finally:
@@ -261,12 +259,16 @@ def run(args) -> int:
         records += recs
         runs += rs
         curves.update(curve)
-    print(f"workload: {records[0]['num_requests']} requests, SLO {describe_slo(workload)}, model {args.model}, "
-          f"async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync {runtime.devices} ranks")
+    print(f"workload: {records[0]['num_requests']} requests ({args.dataset_name}), SLO {describe_slo(workload)}, "
+          f"model {args.model}, async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync "
+          f"{runtime.devices} ranks")
     print(summary_text(records))
     if args.json:
         write_json(args.json, records)
         print(f"wrote {args.json}")
+    if args.save_result:
+        for path in write_result_files(records, args):
+            print(f"wrote {path}")
     if args.plot:
         paths = write_plots(args.plot, runs, curves, workload.slo_ttft_s, args.target_attainment)
         print(f"wrote {len(paths)} files to {args.plot}")

@@ -19,6 +19,12 @@ successful requests, or no SLO at all):
 - goodput                 num_slo_met / duration_s   (requests/s meeting SLO)
 - request_throughput      successful requests / duration_s
 - input_token_throughput  prompt tokens of successful requests / duration_s
+
+`vllm_metrics` gives the same run under `vllm bench serve`'s result keys
+(completed, failed, duration, total_input_tokens, request_throughput,
+request_goodput, mean/median/std/pNN_{ttft,e2el}_ms, ...), so its scripts read
+ASAP's results. Its goodput is ASAP's: requests within their TTFT budget (and
+the --goodput e2el bound, when given) per second of the run.
 """
 from __future__ import annotations
 
@@ -42,16 +48,25 @@ class RequestResult:
     ttft: float | None               # seconds from arrival to first token; None if failed
     error: str | None = None
     deadline_s: float | None = None  # this request's TTFT budget in seconds (relative to arrival)
+    e2el: float | None = None        # seconds from arrival to the end of the response (default: = ttft)
+    output_tokens: int = 1           # tokens the response carried (usage.completion_tokens over HTTP)
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.ttft is not None
 
+    @property
+    def latency(self) -> float | None:
+        """End-to-end latency (vLLM's e2el): the response's end, else the first token."""
+        return self.e2el if self.e2el is not None else self.ttft
+
     @classmethod
-    def of(cls, req: Request, ttft: float | None, error: str | None = None) -> "RequestResult":
+    def of(cls, req: Request, ttft: float | None, error: str | None = None, e2el: float | None = None,
+           output_tokens: int | None = None) -> "RequestResult":
         """A result for `req`, carrying its SLO budget from Request.deadline."""
         budget = None if req.deadline is None else req.deadline - req.arrival
-        return cls(req.id, req.arrival, req.num_tokens, ttft, error, budget)
+        return cls(req.id, req.arrival, req.num_tokens, ttft, error, budget, e2el,
+                   (0 if ttft is None else 1) if output_tokens is None else output_tokens)
 
 
 def _budgets(results: list[RequestResult], slo: float | None) -> list[float] | None:
@@ -100,3 +115,81 @@ def summarize(results: list[RequestResult], slo: float | None = None,
         "request_throughput": rate(len(ok)),
         "input_token_throughput": rate(sum(r.num_tokens for r in ok)),
     }
+
+
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput(specs: list[str] | None) -> dict[str, float]:
+    """vLLM's --goodput KEY:MS ... -> {key: seconds}; keys ttft, tpot, e2el."""
+    out = {}
+    for spec in specs or []:
+        key, _, value = spec.partition(":")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if key not in GOODPUT_KEYS or not ms > 0:
+            raise ValueError(f"--goodput {spec!r}: expected KEY:MS with KEY in {', '.join(GOODPUT_KEYS)} "
+                             f"and MS > 0, e.g. ttft:500")
+        out[key] = ms / 1000.0
+    return out
+
+
+def parse_percentiles(text: str) -> list[float]:
+    """--metric-percentiles "50,90,99" -> [50.0, 90.0, 99.0], each in (0, 100]."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0 < v <= 100 for v in values):
+        raise ValueError(f"--metric-percentiles {text!r}: expected comma-separated percentiles in (0, 100]")
+    return values
+
+
+def parse_metrics(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in VLLM_METRICS]
+    if not names or bad:
+        raise ValueError(f"--percentile-metrics {text!r}: choose from {', '.join(VLLM_METRICS)}")
+    return names
+
+
+def _pword(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)     # vLLM's key spelling: p99, p99.9
+
+
+def vllm_metrics(results: list[RequestResult], summary: dict, metrics=("ttft", "e2el"),
+                 percentiles=(99.0,), goodput: dict[str, float] | None = None) -> dict:
+    """`vllm bench serve`'s result keys for one run (`summary` = summarize(results)).
+
+    tpot and itl need decoded tokens; a prefill returns one, so they are 0.0, as vLLM reports them
+    when no request decodes more than one token.
+    request_goodput counts requests within their TTFT budget and, with goodput["e2el"], within it too;
+    None when there is no SLO at all."""
+    ok = [r for r in results if r.ok]
+    duration = summary["duration_s"]
+    values = {"ttft": [r.ttft for r in ok], "e2el": [r.latency for r in ok], "tpot": [], "itl": []}
+    out = {"duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
+           "total_input_tokens": sum(r.num_tokens for r in ok),
+           "total_output_tokens": sum(r.output_tokens for r in ok)}
+    rate = (lambda x: x / duration) if duration else (lambda x: None)
+    met = summary["num_slo_met"]
+    if goodput and "e2el" in goodput:
+        def good(r: RequestResult) -> bool:
+            budget = r.deadline_s if r.deadline_s is not None else summary["slo_s"]
+            return (budget is None or r.ttft <= budget) and r.latency <= goodput["e2el"]
+        met = sum(good(r) for r in ok)
+    out.update(request_throughput=rate(len(ok)), request_goodput=None if met is None else rate(met),
+               output_throughput=rate(out["total_output_tokens"]),
+               total_token_throughput=rate(out["total_input_tokens"] + out["total_output_tokens"]))
+    for m in metrics:
+        xs = np.asarray(values[m] or [0.0], dtype=float) * 1000.0     # vLLM: np.mean(xs or 0)
+        out[f"mean_{m}_ms"], out[f"median_{m}_ms"], out[f"std_{m}_ms"] = \
+            float(np.mean(xs)), float(np.median(xs)), float(np.std(xs))
+        for p in percentiles:
+            out[f"p{_pword(p)}_{m}_ms"] = float(np.percentile(xs, p))
+    out.update(input_lens=[r.num_tokens for r in results], ttfts=[r.ttft for r in results],
+               errors=[r.error or "" for r in results])
+    return out

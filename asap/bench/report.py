@@ -8,7 +8,10 @@ A run record (one per target / configuration) is the summary from
 - search         when a rate search ran: {target, tolerance, converged,
                  points: [{rate, summary}, ...]}
 
-`write_json` writes {"runs": [record, ...]}.
+`write_json` writes {"runs": [record, ...]}. `write_result_files` writes one
+file per run, as `vllm bench serve --save-result` does: the record (vLLM's keys
+and ASAP's) plus vLLM's run description (date, backend, model_id, tokenizer_id,
+num_prompts, request_rate, burstiness, max_concurrency).
 
 Spans (worker timeline) are dicts {worker: str, kind: "compute"|"stall"|"idle",
 start: s, end: s}; `write_chrome_trace` turns them into Chrome/Perfetto JSON
@@ -17,6 +20,8 @@ start: s, end: s}; `write_chrome_trace` turns them into Chrome/Perfetto JSON
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +29,12 @@ import numpy as np
 from asap.bench.metrics import SUMMARY_KEYS
 
 SPAN_KINDS = ("compute", "stall", "idle")
-TABLE_KEYS = ("max_slo_rate",) + SUMMARY_KEYS
+# The printed table: vLLM's headline keys, then ASAP's; per-metric statistics in between.
+TABLE_HEAD = ("max_slo_rate", "completed", "failed", "duration", "total_input_tokens", "request_throughput",
+              "request_goodput")
+TABLE_TAIL = ("ttft_p90_ms", "slo_s", "num_slo_met", "slo_attainment", "input_token_throughput")
+TABLE_KEYS = TABLE_HEAD + tuple(k for k in SUMMARY_KEYS if k not in TABLE_TAIL) + TABLE_TAIL
+_STAT = re.compile(r"^(mean|median|std|p[0-9.]+)_(ttft|tpot|itl|e2el)_ms$")
 
 
 def run_record(label: str, summary: dict, search: dict | None = None) -> dict:
@@ -61,9 +71,20 @@ def text_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]
     return lines
 
 
+def table_keys(records: list[dict]) -> list[str]:
+    """vLLM's headline keys, its per-metric statistics (mean/median/std/pNN_*_ms), then ASAP's; or, for records
+    without vLLM's keys, ASAP's summary keys."""
+    present = [k for r in records for k in r]
+    stats = list(dict.fromkeys(k for k in present if (m := _STAT.match(k)) and m.group(2) in ("ttft", "e2el")))
+    if not any("completed" in r for r in records):
+        return [k for k in ("max_slo_rate",) + SUMMARY_KEYS if k in present]
+    return [k for k in TABLE_HEAD if k in present] + stats + [k for k in TABLE_TAIL if k in present]
+
+
 def format_table(records: list[dict]) -> str:
-    """Metrics as rows, one column per run headed by its label."""
-    keys = [k for k in TABLE_KEYS if any(k in r for r in records)]
+    """Metrics as rows, one column per run headed by its label (tpot/itl are left out: a prefill decodes
+    nothing)."""
+    keys = table_keys(records)
     rows = [["label"] + [str(r.get("label", "?")) for r in records]]
     rows += [[k] + [_fmt(r.get(k)) for r in records] for k in keys]
     return "\n".join(text_table(rows))
@@ -107,3 +128,34 @@ def write_chrome_trace(spans: list[dict], path: str | Path) -> None:
                 "ts": s["start"] * 1e6, "dur": (s["end"] - s["start"]) * 1e6} for s in spans]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_plain))
+
+
+def result_filename(record: dict, model: str, when: datetime) -> str:
+    """vLLM's default name, {backend}-{rate}qps-{model}-{YYYYmmdd-HHMMSS}.json, with the run's label as backend."""
+    rate = "inf" if record.get("rate") is None else f"{record['rate']:g}"
+    label = re.sub(r"[^A-Za-z0-9.-]+", "_", str(record.get("label", "run"))).strip("_").lower()
+    name = re.sub(r"[^A-Za-z0-9.-]+", "_", Path(str(model)).name).strip("_")
+    return f"{label}-{rate}qps-{name}-{when:%Y%m%d-%H%M%S}.json"
+
+
+def write_result_files(records: list[dict], args) -> list[Path]:
+    """`--save-result`: one JSON per run in args.result_dir (args.result_filename for a single run)."""
+    if args.result_filename and len(records) > 1:
+        raise ValueError(f"--result-filename names one file but there are {len(records)} runs; "
+                         f"leave it out to get one file per run")
+    when = datetime.now()
+    paths = []
+    for rec in records:
+        doc = {"date": f"{when:%Y%m%d-%H%M%S}", "backend": rec.get("target", rec.get("label")),
+               "label": rec.get("label"), "model_id": args.model,
+               "served_model_name": getattr(args, "served_model_name", None) or args.model,
+               "tokenizer_id": getattr(args, "tokenizer", None) or args.model,
+               "dataset_name": getattr(args, "dataset_name", None), "num_prompts": rec.get("num_requests"),
+               "request_rate": "inf" if rec.get("rate") is None else rec["rate"],
+               "burstiness": getattr(args, "burstiness", None) or 1.0,
+               "max_concurrency": getattr(args, "max_concurrency", None), **rec}
+        path = Path(args.result_dir) / (args.result_filename or result_filename(rec, args.model, when))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2, default=_plain) + "\n")
+        paths.append(path)
+    return paths

@@ -16,7 +16,13 @@ Replay is open-loop: each request is sent at its arrival offset from the
 start of the run whether or not earlier ones have finished. The target gets a
 copy of the request stamped on the `time.monotonic()` clock (arrival = its
 scheduled send time, deadline shifted to match), so engines should read
-deadlines against time.monotonic(). TTFT = completion - scheduled send time.
+deadlines against time.monotonic(). TTFT = completion - scheduled send time, or,
+when `submit` returns a `FirstToken` (a streaming response), its time - send time;
+the completion is then the end-to-end latency.
+
+With `max_concurrency`, at most that many requests are in flight; a request
+waits for a free slot and its clock starts when it is sent, as in
+`vllm bench serve --max-concurrency`.
 """
 from __future__ import annotations
 
@@ -33,7 +39,15 @@ from tqdm import tqdm
 from asap.bench.metrics import RequestResult, summarize
 from asap.scheduler.request import Request
 
-AsyncSubmit = Callable[[Request], Awaitable[None]]
+
+@dataclass(frozen=True)
+class FirstToken:
+    """What a streaming submit returns: when its first token arrived (time.monotonic())."""
+    at: float
+    output_tokens: int | None = None     # from the response's usage, when it reports one
+
+
+AsyncSubmit = Callable[[Request], Awaitable["FirstToken | None"]]
 LAG_WARNING_S = 0.05   # warn when sends fall this far behind schedule
 
 
@@ -44,12 +58,15 @@ class Target(Protocol):
 
 
 async def replay(submit: AsyncSubmit, requests: list[Request], progress: bool = True,
-                 timeout: float | None = None) -> list[RequestResult]:
+                 timeout: float | None = None, max_concurrency: int | None = None) -> list[RequestResult]:
     """Send each request at its arrival offset, concurrently; results in request order.
 
     An exception from `submit` (or exceeding `timeout` seconds) makes that
     request a failure with the exception text as its error.
     """
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     if not requests:
         return []
     results: list[RequestResult | None] = [None] * len(requests)
@@ -59,12 +76,23 @@ async def replay(submit: AsyncSubmit, requests: list[Request], progress: bool = 
     max_lag = 0.0
 
     async def one(i: int, sent: float) -> None:
+        if slots is None:
+            await send(i, sent)
+        else:
+            async with slots:
+                await send(i, max(sent, time.monotonic()))
+
+    async def send(i: int, sent: float) -> None:
         req = requests[i]
         stamped = dataclasses.replace(req, arrival=sent, meta=dict(req.meta),
                                       deadline=None if req.deadline is None else sent + req.deadline - req.arrival)
         try:
-            await asyncio.wait_for(submit(stamped), timeout)
-            results[i] = RequestResult.of(req, time.monotonic() - sent)
+            got = await asyncio.wait_for(submit(stamped), timeout)
+            end = time.monotonic() - sent
+            if isinstance(got, FirstToken):
+                results[i] = RequestResult.of(req, got.at - sent, e2el=end, output_tokens=got.output_tokens)
+            else:
+                results[i] = RequestResult.of(req, end)
         except Exception as e:  # any failure of the target is a failed request
             timed_out = timeout is not None and isinstance(e, asyncio.TimeoutError)
             error = f"timeout after {timeout} s" if timed_out else f"{type(e).__name__}: {e}"
@@ -93,6 +121,7 @@ def future_submit(submit: Callable[[Request], Future]) -> AsyncSubmit:
     """Adapt `submit(request) -> concurrent.futures.Future` (the future's exception = failure)."""
     async def run_one(req: Request) -> None:
         await asyncio.wrap_future(submit(req))
+        return None
     return run_one
 
 
@@ -102,9 +131,10 @@ class ReplayTarget:
     label: str = "engine"
     progress: bool = True
     timeout: float | None = None
+    max_concurrency: int | None = None
 
     def run(self, requests: list[Request]) -> list[RequestResult]:
-        return asyncio.run(replay(self.submit, requests, self.progress, self.timeout))
+        return asyncio.run(replay(self.submit, requests, self.progress, self.timeout, self.max_concurrency))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ class EngineTarget:
     """An asap.LLM engine; started in __init__ (workers load their weights), closed by close()."""
 
     def __init__(self, engine: str, model: str, runtime: RuntimeConfig, progress: bool = True,
-                 timeout: float | None = None):
+                 timeout: float | None = None, max_concurrency: int | None = None):
         from asap.engine.llm import LLM
         kwargs = {} if engine == "reference" else dict(runtime=runtime, send_kv=False)
         t0 = time.monotonic()
@@ -54,7 +54,7 @@ class EngineTarget:
         self.emulated = engine != "reference" and runtime.compute == "emulated"
         self.label = engine + (f" (emulated, {runtime.hardware} x{runtime.dilation:g})" if self.emulated else "")
         self.dilation = runtime.dilation if self.emulated else 1.0
-        self.progress, self.timeout = progress, timeout
+        self.progress, self.timeout, self.max_concurrency = progress, timeout, max_concurrency
         self._ids = itertools.count(1 << 40)      # never collides with LLM.submit's own ids
         self.window: tuple[float, float] | None = None
         try:
@@ -83,7 +83,8 @@ class EngineTarget:
         if d != 1.0:    # emulated time runs d x slower: replay d x slower, report in emulated-hardware time
             requests = [dataclasses.replace(r, arrival=r.arrival * d, deadline=None if r.deadline is None
                                             else r.arrival * d + (r.deadline - r.arrival) * d) for r in requests]
-        results = asyncio.run(replay(future_submit(self._submit_one), requests, self.progress, self.timeout))
+        results = asyncio.run(replay(future_submit(self._submit_one), requests, self.progress, self.timeout,
+                                     self.max_concurrency))
         if d != 1.0:
             results = [dataclasses.replace(x, arrival=x.arrival / d, ttft=None if x.ttft is None else x.ttft / d,
                                            deadline_s=None if x.deadline_s is None else x.deadline_s / d)
@@ -130,16 +131,21 @@ def sim_target(engine: str, model: str, runtime: RuntimeConfig, devices: int) ->
 
 
 def make_target(name: str, model: str, runtime: RuntimeConfig, url: str | None = None, progress: bool = True,
-                timeout: float | None = None):
-    """A target by name. `runtime.devices` is the sync rank count; async uses A + E."""
+                timeout: float | None = None, served_model_name: str | None = None,
+                endpoint: str = "/v1/completions", stream: bool = True, max_concurrency: int | None = None,
+                ignore_eos: bool = False):
+    """A target by name. `runtime.devices` is the sync rank count; async uses A + E. For http, `model` is
+    the local config and `served_model_name` (default: `model`) the name sent to the server."""
     if name in ("async", "sync", "reference"):
-        return EngineTarget(name, model, runtime, progress, timeout)
+        return EngineTarget(name, model, runtime, progress, timeout, max_concurrency)
     if name in ("sim-async", "sim-sync"):
         return sim_target(name.removeprefix("sim-"), model, runtime, runtime.devices)
     if name == "http":
         if not url:
-            raise ValueError("--target http needs --url")
-        return HttpTarget(url, model, label=f"http {url}", progress=progress, timeout=timeout or 600.0)
+            raise ValueError("--target http needs --base-url (--url)")
+        return HttpTarget(url, served_model_name or model, label=f"http {url}", progress=progress,
+                          timeout=timeout or 600.0, endpoint=endpoint, stream=stream,
+                          max_concurrency=max_concurrency, ignore_eos=ignore_eos)
     raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
 
 
