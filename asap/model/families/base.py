@@ -31,6 +31,9 @@ class AttentionCost:
     qk_head_dim: int
     v_head_dim: int
     kv_cache_elems: int         # cached elements per token and layer
+    kv_layout: str              # the KV format's name, as KV hand-off metadata states it ("mla", "gqa")
+    token_weights: tuple[str, ...] = ()      # projection weights applied per new token (names under a layer)
+    context_weights: tuple[str, ...] = ()    # applied per context token (MLA's kv_b_proj); asap profile times them
 
     @property
     def core_flops_per_pair(self) -> int:

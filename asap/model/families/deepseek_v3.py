@@ -116,7 +116,10 @@ class DeepseekV3(Family):
         return AttentionCost(
             params=params, proj_params=proj, context_proj_params=r * H * (dn + dv),
             proj_act=2 * D + (q or 0) + H * qk + r + R + H * (dn + dv) + H * dv,
-            heads=H, kv_heads=H, qk_head_dim=qk, v_head_dim=dv, kv_cache_elems=r + R)
+            heads=H, kv_heads=H, qk_head_dim=qk, v_head_dim=dv, kv_cache_elems=r + R, kv_layout="mla",
+            token_weights=tuple(f"self_attn.{n}.weight" for n in (("q_a_proj", "q_b_proj") if q else ("q_proj",))
+                                + ("kv_a_proj_with_mqa", "o_proj")),
+            context_weights=("self_attn.kv_b_proj.weight",))
 
 
 def _numel(shape) -> int:

@@ -29,6 +29,21 @@ PRESETS = {
         head_dim=128, use_qk_norm=True, n_routed_experts=32, num_experts_per_tok=8, n_shared_experts=1,
         n_group=1, topk_group=1, routed_scaling_factor=2.5, max_position_embeddings=16384,
     ),
+    # Full size (config.json values; no weights are ever materialised for these).
+    "glm-4.5": dict(
+        _COMMON, vocab_size=151552, hidden_size=5120, num_hidden_layers=92, first_k_dense_replace=3,
+        intermediate_size=12288, moe_intermediate_size=1536, num_attention_heads=96, num_key_value_heads=8,
+        head_dim=128, use_qk_norm=True, n_routed_experts=160, num_experts_per_tok=8, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=2.5, max_position_embeddings=131072,
+        num_nextn_predict_layers=1,
+    ),
+    "glm-4.5-air": dict(
+        _COMMON, vocab_size=151552, hidden_size=4096, num_hidden_layers=46, first_k_dense_replace=1,
+        intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=96, num_key_value_heads=8,
+        head_dim=128, use_qk_norm=False, n_routed_experts=128, num_experts_per_tok=8, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=2.5, max_position_embeddings=131072,
+        num_nextn_predict_layers=1,
+    ),
 }
 
 
@@ -36,6 +51,7 @@ class Glm4Moe(GqaFamily):
     model_type = "glm4_moe"
     architecture = "Glm4MoeForCausalLM"
     presets = PRESETS
+    config_only = frozenset({"glm-4.5", "glm-4.5-air"})
 
     def parse(self, f: Fields) -> dict:
         kw = parse_common(f, default_theta=10000.0)

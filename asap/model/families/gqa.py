@@ -50,4 +50,5 @@ class GqaFamily(Family):
         return AttentionCost(
             params=params, proj_params=D * d * (H + 2 * Hkv) + H * d * D, context_proj_params=0,
             proj_act=2 * D + d * (H + 2 * Hkv) + H * d, heads=H, kv_heads=Hkv, qk_head_dim=d, v_head_dim=d,
-            kv_cache_elems=2 * Hkv * d)
+            kv_cache_elems=2 * Hkv * d, kv_layout="gqa",
+            token_weights=tuple(f"self_attn.{p}_proj.weight" for p in "qkvo"))
