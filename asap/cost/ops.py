@@ -45,27 +45,16 @@ class AttentionShape:
 
 
 def attention_shape(cfg: ModelConfig) -> AttentionShape:
-    """The attention shape of a config. MLA prefill runs as plain MHA (q/k head dim 192, v 128) on
-    the expanded latent; GQA reads its KV heads once. (The model-family work replaces this branch
-    with each family's own cost parameters.)"""
-    D = cfg.hidden_size
-    if cfg.is_mla:
-        H, q, kv, rope = cfg.num_heads, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        dqk, dv, nope = cfg.qk_head_dim, cfg.v_head_dim, cfg.qk_nope_head_dim
-        q_proj = D * q + q * H * dqk if q else D * H * dqk
-        return AttentionShape(
-            proj_params=q_proj + D * (kv + rope) + kv * H * (nope + dv) + H * dv * D,
-            proj_act=2 * D + (q or 0) + H * dqk + kv + rope + H * (nope + dv) + H * dv,
-            core_flops_per_pair=2 * H * (dqk + dv),
-            kv_bytes_per_ctx=H * (dqk + dv) * ACT_BYTES,
-            q_bytes_per_token=H * (dqk + dv) * ACT_BYTES)
-    H, Hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    """The attention shape of a config, from its model family's cost parameters (asap.model.families).
+    MLA prefill runs as plain MHA (q/k head dim 192, v 128) on the expanded latent, its kv_b expansion
+    counted per token as before; GQA reads its KV heads once."""
+    a = cfg.attention_cost()
     return AttentionShape(
-        proj_params=D * hd * (H + 2 * Hkv) + H * hd * D,
-        proj_act=2 * D + hd * (H + 2 * Hkv) + H * hd,
-        core_flops_per_pair=4 * H * hd,
-        kv_bytes_per_ctx=2 * Hkv * hd * ACT_BYTES,
-        q_bytes_per_token=2 * H * hd * ACT_BYTES)
+        proj_params=a.proj_params + a.context_proj_params,
+        proj_act=a.proj_act,
+        core_flops_per_pair=a.core_flops_per_pair,
+        kv_bytes_per_ctx=a.kv_read_bytes_per_ctx(ACT_BYTES),
+        q_bytes_per_token=a.q_bytes_per_token(ACT_BYTES))
 
 
 def expert_params(cfg: ModelConfig) -> int:

@@ -103,47 +103,36 @@ class KernelProfiler:
 
     # ---- the kernels ----
     def attn_proj(self, T: int) -> float:
-        """Per-token projections. MLA's kv_b runs over a chunk's whole context: it is in attn_core."""
-        c = self.cfg
+        """Per-token projections: the model family's (cfg.attention_cost().token_weights). Weights applied
+        per context token (MLA's kv_b) are in attn_core."""
+        names = self.cfg.attention_cost().token_weights
         def make():
-            x = self.randn(T, c.hidden_size)
-            if c.is_mla:
-                o_in = self.randn(T, c.num_heads * c.v_head_dim)
-                names = ["self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight"] if c.q_lora_rank \
-                    else ["self_attn.q_proj.weight"]
-                def run():
-                    w, q = self.side.layers[self.layer()], x
-                    for name in names:
-                        q = F.linear(q, w[name])
-                    F.linear(x, w["self_attn.kv_a_proj_with_mqa.weight"])
-                    F.linear(o_in, w["self_attn.o_proj.weight"])
-                return run
-            o_in = self.randn(T, c.num_heads * c.head_dim)
+            w0 = self.side.layers[0]                    # every layer's attention weights have the same shapes
+            xs = {n: self.randn(T, w0[n].shape[1]) for n in names}
             def run():
                 w = self.side.layers[self.layer()]
-                for p in "qkv":
-                    F.linear(x, w[f"self_attn.{p}_proj.weight"], w.get(f"self_attn.{p}_proj.bias"))
-                F.linear(o_in, w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))
+                for n in names:
+                    F.linear(xs[n], w[n], w.get(n.removesuffix("weight") + "bias"))
             return run
         return self.time(("attn_proj", T), make)
 
     def attn_core(self, n: int, ctx: int) -> float:
-        """One chunk of n new tokens after ctx cached ones: (MLA: K/V expansion of the context,) SDPA."""
+        """One chunk of n new tokens after ctx cached ones: the family's per-context-token projections
+        (MLA: K/V expansion of the latent), then SDPA at the family's head shapes."""
         from asap.model.attention import _sdpa
-        c, lk = self.cfg, n + ctx
+        a, lk = self.cfg.attention_cost(), n + ctx
         def make():
-            if c.is_mla:
-                H, dn, R, dv = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
-                q, lat, k_rope = self.randn(H, n, dn + R), self.randn(lk, c.kv_lora_rank), self.randn(lk, R)
-                def run():
-                    kv_b = self.side.layers[self.layer()]["self_attn.kv_b_proj.weight"]
-                    kvb = F.linear(lat, kv_b).view(lk, H, dn + dv)
-                    k = torch.cat((kvb[..., :dn], k_rope[:, None, :].expand(lk, H, R)), dim=-1)
-                    _sdpa(q, k.transpose(0, 1), kvb[..., dn:].transpose(0, 1), ctx, (dn + R) ** -0.5)
-                return run
-            H, Hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
-            q, k, v = self.randn(H, n, d), self.randn(Hkv, lk, d), self.randn(Hkv, lk, d)
-            return lambda: _sdpa(q, k, v, ctx, d ** -0.5, gqa=H != Hkv)
+            w0 = self.side.layers[0]
+            ctx_in = {name: self.randn(lk, w0[name].shape[1]) for name in a.context_weights}
+            q = self.randn(a.heads, n, a.qk_head_dim)
+            k, v = self.randn(a.kv_heads, lk, a.qk_head_dim), self.randn(a.kv_heads, lk, a.v_head_dim)
+            def run():
+                if ctx_in:
+                    w = self.side.layers[self.layer()]
+                    for name, x in ctx_in.items():
+                        F.linear(x, w[name])
+                _sdpa(q, k, v, ctx, a.qk_head_dim ** -0.5, gqa=a.heads != a.kv_heads)
+            return run
         return self.time(("attn_core", n, ctx), make)
 
     def ffn_op(self, op: str, T: int) -> float:
