@@ -35,7 +35,7 @@ def kv_tensors(kv: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def kv_metadata(cfg, model: str, completion_id: str, prompt_tokens: int, first_token: int) -> dict[str, str]:
-    return {"format": "pt", "model": model, "model_type": cfg.model_type, "layout": "mla" if cfg.is_mla else "gqa",
+    return {"format": "pt", "model": model, "model_type": cfg.model_type, "layout": cfg.attention_cost().kv_layout,
             "num_layers": str(cfg.num_layers), "num_tokens": str(prompt_tokens),
             "first_token": str(first_token), "completion_id": completion_id}
 
