@@ -106,6 +106,10 @@ CASES = {   # name: (preset, config changes, block-FP8)
     "qwen3-moe-fp8": ("tiny-qwen3-moe", {}, True),
     "qwen3-moe-yarn": ("tiny-qwen3-moe", dict(rope_scaling=QWEN_YARN), False),
     "glm4-moe": ("tiny-glm4-moe", {}, False),
+    # fields that change the math: attention biases, no q LoRA, no q/k norm (GLM-4.5-Air)
+    "deepseek-v3-bias-no-q-lora": ("tiny-deepseek-v3", dict(attention_bias=True, q_lora_rank=None), False),
+    "qwen3-moe-bias": ("tiny-qwen3-moe", dict(attention_bias=True), False),
+    "glm4-moe-no-qk-norm": ("tiny-glm4-moe", dict(use_qk_norm=False, partial_rotary_factor=0.25), False),
 }
 
 
@@ -151,6 +155,41 @@ def test_yarn_is_not_a_no_op_on_these_weights(checkpoints):
     with asap.LLM(str(path)) as a, asap.LLM(str(plain)) as b:
         ya, no = a.prefill([p])[0].logits, b.prefill([p])[0].logits
     assert (ya - no).abs().max().item() > 1e-2
+
+
+def test_a_block_fp8_slice_reads_only_its_tensors_and_their_scales(checkpoints, monkeypatch):
+    import asap.model.loader as loader
+    path, _ = checkpoints["deepseek-v3-yarn-fp8"]
+    read = []
+
+    class Recording:
+        def __init__(self, f, framework):
+            self.fh = _open(f, framework)
+
+        def __enter__(self):
+            self.inner = self.fh.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.fh.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.inner.get_tensor(name)
+
+    _open = loader.safe_open
+    monkeypatch.setattr(loader, "safe_open", Recording)
+    shard = loader.load_expert_shard(path, [3, 1])
+    assert shard.gate_up[1].dtype == torch.float32
+    assert read and all(".mlp.experts.1." in n or ".mlp.experts.3." in n for n in read)
+    assert any(n.endswith("_scale_inv") for n in read)
+    read.clear()
+    loader.load_attention_side(path)
+    assert read and not any(".mlp.experts." in n for n in read)
+    assert any(n.endswith("q_b_proj.weight_scale_inv") for n in read)
 
 
 ENGINE_CASES = [("deepseek-v3-yarn-fp8", "async"), ("deepseek-v3-yarn-fp8", "sync"), ("qwen3-moe-yarn", "async"),
