@@ -124,3 +124,22 @@ def test_packing_recovers_when_greedy_gets_stuck():
     assert [len(ws) for ws in owners] == copies
     assert all(len(set(ws)) == len(ws) for ws in owners)
     assert sorted(w for ws in owners for w in ws) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_vectorised_hand_out_matches_the_chooser_pair_for_pair():
+    """asap.workers.destinations spreads pairs over copies with tensor ops; it must give exactly the
+    policy's answer (ReplicaChooser.choose, plain Python), in the transport's rank numbering."""
+    import torch
+    from asap.workers.destinations import Destinations
+    rng = random.Random(3)
+    loads = [[rng.expovariate(1.0) * (50 if e in (2, 9) else 1) for e in range(16)] for _ in range(2)]
+    p = balanced_placement(loads, num_workers=4, num_redundant=8)
+    dest = Destinations(p, first_rank=3)
+    for layer in range(2):
+        for T in (0, 1, 7, 300):
+            ids = torch.randint(0, 16, (T, 4), generator=torch.Generator().manual_seed(T + layer))
+            got = dest(layer, ids)
+            want = [w + 3 for w in ReplicaChooser(p).choose(layer, ids.reshape(-1).tolist())]
+            assert got.shape == ids.shape and got.reshape(-1).tolist() == want
+    with pytest.raises(ValueError, match=r"expert ids must be in \[0, 16\)"):
+        dest(0, torch.tensor([[0, 16]]))

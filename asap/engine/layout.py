@@ -8,9 +8,11 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+import torch
+
 from asap.config import ModelConfig, RuntimeConfig
 from asap.scheduler.placement import Placement, balanced_placement, contiguous_placement
-from asap.workers.main import WorkerSpec
+from asap.workers.main import WorkerSpec, worker_device
 
 
 @dataclass
@@ -27,7 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int):
+def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int, num_gpus: int | None = None):
+    if rt.transport == "nccl" and not rt.remote_experts:   # remote: torchrun gives each rank its own LOCAL_RANK
+        n = torch.cuda.device_count() if num_gpus is None else num_gpus
+        if n < world:
+            raise ValueError(f"transport nccl needs one GPU per rank: {world} ranks, {n} GPUs "
+                             "(NCCL cannot send between two ranks on one GPU); use transport shm")
     if rt.transport == "shm":
         from asap.comm import ShmTransportSpec
         return ShmTransportSpec(world, ring_bytes=ring_bytes, pairs=pairs, send_timeout=rt.comm_timeout_s)
@@ -53,7 +60,10 @@ def default_placement(cfg: ModelConfig, rt: RuntimeConfig, num_expert_workers: i
 
 
 def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str, dtype: str, device: str,
-                 send_kv: bool, placement: Placement | None = None) -> Layout:
+                 send_kv: bool, placement: Placement | None = None, num_gpus: int | None = None) -> Layout:
+    """device "cuda": each worker gets the GPU of its local rank (its transport rank on this machine),
+    cuda:<rank % GPUs>; remote expert workers resolve theirs from LOCAL_RANK where they run.
+    num_gpus overrides torch.cuda.device_count() (tests)."""
     if mode == "async":
         A, E = rt.attention_workers, rt.expert_workers
         if E > cfg.num_experts:
@@ -78,14 +88,21 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
     ring = max(rt.ring_mb * 2**20, 3 * rt.token_budget * (hidden * 4 + cfg.top_k * 16) + 2**16) if not emulated \
         else max(2**20, 4 * rt.token_budget * (hidden * 4 + cfg.top_k * 16))
     common = dict(model_dir=model_dir, model_cfg=cfg, runtime=rt, placement=placement,
-                  first_expert_rank=first_expert_rank, dtype=dtype, device=device,
-                  send_kv=send_kv)
-    transport = _transport(rt, world, pairs, ring)
+                  first_expert_rank=first_expert_rank, dtype=dtype, send_kv=send_kv)
+    transport = _transport(rt, world, pairs, ring, num_gpus)
+    local = A if mode == "async" and rt.remote_experts else world
+
+    def dev(rank: int) -> str:      # ranks past `local` run on another machine and pick their own GPU there
+        return worker_device(device, rank, num_gpus) if rank < local else device
+
     if mode == "async":
-        specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, **common) for a in range(A)]
-        specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], **common) for e in range(E)]
+        specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, device=dev(a), **common)
+                 for a in range(A)]
+        specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], device=dev(A + e), **common)
+                  for e in range(E)]
         if rt.remote_experts:      # the experts run elsewhere (asap/workers/remote.py); they join the same group
             return Layout([s for s in specs if s.role == "attention"], transport, A, specs[A:])
     else:
-        specs = [WorkerSpec("rank", i, i, transport=transport, expert_ids=shard[i], **common) for i in range(A)]
+        specs = [WorkerSpec("rank", i, i, transport=transport, expert_ids=shard[i], device=dev(i), **common)
+                 for i in range(A)]
     return Layout(specs, transport, A)

@@ -50,10 +50,11 @@ class ExpertShard:
     @classmethod
     def build(cls, num_experts: int, expert_ids: dict[int, list[int]], gate_up, down) -> "ExpertShard":
         local = {}
+        device = next((w.device for w in gate_up.values()), torch.device("cpu"))   # tables live by the weights
         for layer, ids in expert_ids.items():
             t = torch.full((num_experts + 1,), -1, dtype=torch.long)   # last slot catches id -1
             t[torch.tensor(ids, dtype=torch.long)] = torch.arange(len(ids))
-            local[layer] = t
+            local[layer] = t.to(device)
         return cls(expert_ids, gate_up, down, local)
 
 

@@ -153,34 +153,46 @@ class ReplicaChooser:
     so the hottest levels last, water-fills its copies: its tokens go to the copies
     whose workers hold the fewest tokens so far in this call (ties to the lower
     worker). Deterministic: the same input gives the same output.
+
+    The policy itself is `shares` (per expert, from per-expert counts: O(E), no tokens);
+    `choose` hands the pairs out in plain Python, and asap.workers.destinations does the
+    same hand-out with tensor ops on the pairs' device.
     """
 
     def __init__(self, placement: Placement):
         self.placement = placement
         self._tables = [placement.owner_table(layer) for layer in range(placement.num_layers)]
 
+    def owners(self, layer: int) -> list[list[int]]:
+        """[expert] -> the workers holding a copy, ascending (copy c of expert e is owners[e][c])."""
+        return self._tables[layer]
+
+    def shares(self, layer: int, counts: Sequence[int]) -> list[list[int]]:
+        """counts[e] pairs routed to expert e -> shares[e][c]: how many of them copy c serves."""
+        owners = self._tables[layer]
+        if len(counts) != len(owners):
+            raise ValueError(f"expected {len(owners)} expert counts, got {len(counts)}")
+        total = [0] * self.placement.num_workers
+        out: list[list[int]] = [[n] if len(owners[e]) == 1 else [] for e, n in enumerate(counts)]
+        for e, n in enumerate(counts):
+            if n and len(owners[e]) == 1:
+                total[owners[e][0]] += n
+        for n, e in sorted((n, e) for e, n in enumerate(counts) if n and len(owners[e]) > 1):
+            out[e] = _water_fill([total[w] for w in owners[e]], n)
+            for w, share in zip(owners[e], out[e]):
+                total[w] += share
+        return [sh or [0] * len(owners[e]) for e, sh in enumerate(out)]
+
     def choose(self, layer: int, expert_ids: Sequence[int]) -> list[int]:
         owners = self._tables[layer]
-        counts: dict[int, int] = {}
+        counts = [0] * len(owners)
         for e in expert_ids:
-            counts[e] = counts.get(e, 0) + 1
-        total = [0] * self.placement.num_workers
-        replicated = []
-        for e, n in counts.items():
             if e < 0:
                 raise ValueError(f"negative expert id {e}")
-            if len(owners[e]) == 1:
-                total[owners[e][0]] += n
-            else:
-                replicated.append((n, e))
-        plan: dict[int, list[int]] = {e: owners[e] * counts[e] for e in counts if len(owners[e]) == 1}
-        for n, e in sorted(replicated):
-            shares = _water_fill([total[w] for w in owners[e]], n)
-            plan[e] = []
-            for w, share in zip(owners[e], shares):
-                total[w] += share
-                plan[e] += [w] * share
-        cursor = {e: iter(ws) for e, ws in plan.items()}
+            counts[e] += 1
+        shares = self.shares(layer, counts)
+        cursor = {e: iter([w for w, n in zip(owners[e], shares[e]) for _ in range(n)])
+                  for e in range(len(owners)) if counts[e]}
         return [next(cursor[e]) for e in expert_ids]
 
 

@@ -23,7 +23,9 @@ class RealCompute:
     emulated = False
 
     def __init__(self, model_dir, expert_ids=None, attention: bool = True, dtype=torch.float32, device="cpu"):
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device = dtype, torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)     # before any weight is loaded: kernels and allocations go here
         self.side = load_attention_side(model_dir, dtype, device) if attention else None
         self.shard = load_expert_shard(model_dir, expert_ids, dtype, device) if expert_ids is not None else None
         self.cfg: ModelConfig = self.side.cfg if self.side else ModelConfig.from_dir(model_dir)
@@ -38,24 +40,32 @@ class RealCompute:
         return stages.attention_stage(self.side, layer, h, batch, kv)
 
     def experts(self, layer: int, x, topk_ids, topk_weights):
-        return expert_stage(self.shard, layer, x, topk_ids, topk_weights)
+        # The comm boundary: shm hands over CPU tensors; this is their one move to the weights' device.
+        d = self.device
+        return expert_stage(self.shard, layer, x.to(d, self.dtype), topk_ids.to(d), topk_weights.to(d))
 
     def combine(self, residual, partials):
-        return combine(residual, partials)
+        return combine(residual, [p.to(residual.device, residual.dtype) for p in partials])
 
     def logits(self, h, rows: list[int]) -> torch.Tensor:
         return stages.last_logits(self.side, h, rows)
+
+    def synchronize(self) -> None:
+        """Wait for this worker's queued kernels (span edges on a GPU); nothing to wait for on a CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 class EmulatedCompute:
     """Waits instead of computing. `cost` answers per-op seconds (asap.workers.costs.CostTable)."""
     emulated = True
 
-    def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0,
+                 dtype=torch.float32, device="cpu"):
         self.cfg, self.cost, self.hidden, self.dilation = cfg, cost, hidden, dilation
-        self.gen = torch.Generator().manual_seed(seed)
-        self.strides = torch.arange(cfg.top_k)[None, :] * max(1, cfg.num_experts // cfg.top_k)
-        self.dtype, self.device = torch.float32, "cpu"
+        self.dtype, self.device = dtype, torch.device(device)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.strides = torch.arange(cfg.top_k, device=self.device)[None, :] * max(1, cfg.num_experts // cfg.top_k)
 
     def _wait(self, seconds: float):
         end = time.perf_counter() + seconds * self.dilation
@@ -66,7 +76,7 @@ class EmulatedCompute:
         return None
 
     def embed(self, token_ids):
-        return torch.zeros(token_ids.shape[0], self.hidden)
+        return torch.zeros(token_ids.shape[0], self.hidden, dtype=self.dtype, device=self.device)
 
     def attention_stage(self, layer, h, batch: Batch, kv):
         chunks = [(c.num_tokens, c.start) for c in batch.chunks]
@@ -77,8 +87,8 @@ class EmulatedCompute:
         T, E, K = h.shape[0], self.cfg.num_experts, self.cfg.top_k
         # Uniform routing, cheap enough not to distort the emulated times: a random first expert per
         # token plus K fixed, distinct strides.
-        ids = (torch.randint(0, E, (T, 1), generator=self.gen) + self.strides) % E
-        w = torch.full((T, K), 1.0 / K)
+        ids = (torch.randint(0, E, (T, 1), generator=self.gen, device=self.device) + self.strides) % E
+        w = torch.full((T, K), 1.0 / K, device=self.device)
         return stages.StageOut(h=h, x=h, topk_ids=ids, topk_weights=w)
 
     def experts(self, layer, x, topk_ids, topk_weights):
@@ -88,8 +98,11 @@ class EmulatedCompute:
         return torch.zeros_like(x)
 
     def combine(self, residual, partials):
-        return combine(residual, partials)
+        return combine(residual, [p.to(residual.device, residual.dtype) for p in partials])
 
     def logits(self, h, rows):
         self._wait(self.cost.head(len(rows)))
-        return torch.zeros(len(rows), 1)
+        return torch.zeros(len(rows), 1, device=self.device)
+
+    def synchronize(self) -> None:
+        pass

@@ -88,13 +88,25 @@ def _die_with_parent():
         pass
 
 
+def worker_device(device: str, local_rank: int, num_gpus: int | None = None) -> str:
+    """The device one worker runs on. "cuda" means this process's own GPU: cuda:<local rank> (its
+    rank among the processes on this machine; LOCAL_RANK under torchrun), wrapping around when
+    there are fewer GPUs than workers. "cpu" and an explicit "cuda:N" are kept as given."""
+    if device != "cuda":
+        return device
+    n = torch.cuda.device_count() if num_gpus is None else num_gpus
+    if n < 1:
+        raise ValueError("device 'cuda' was asked for but no GPU is visible")
+    return f"cuda:{local_rank % n}"
+
+
 def _compute(spec: WorkerSpec, attention: bool):
     rt = spec.runtime
     if rt.compute == "emulated":
         from asap.workers.compute import EmulatedCompute
         from asap.workers.costs import cost_table
         return EmulatedCompute(spec.model_cfg, cost_table(spec.model_cfg, rt.hardware), rt.emulated_hidden,
-                               rt.dilation, seed=spec.rank)
+                               rt.dilation, seed=spec.rank, device=spec.device)
     from asap.workers.compute import RealCompute
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device)
 
@@ -105,6 +117,10 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(spec.runtime.threads_per_worker)
+    if spec.device == "cuda":       # started by torchrun (remote experts): LOCAL_RANK names our GPU
+        spec.device = worker_device("cuda", int(os.environ.get("LOCAL_RANK", spec.rank)))
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))    # before anything touches a GPU
     ctx = WorkerContext(spec, control, results, stop)
     transport = None
     try:
@@ -117,7 +133,8 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             replicas = set(range(rt.attention_workers))
             ctx.finished = lambda: replicas <= transport.closed_peers
         from asap.workers.destinations import Destinations
-        dest = Destinations(spec.placement, spec.first_expert_rank)
+        dest = Destinations(spec.placement, spec.first_expert_rank, compute.device)
+        ctx.spans.sync = compute.synchronize if compute.device.type == "cuda" else None
         if heartbeat is not None:       # asap.workers.heartbeat: liveness the engine watches
             heartbeat.attach(ctx)
         results.put(Ready(spec.rank, spec.role))

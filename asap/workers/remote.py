@@ -40,21 +40,34 @@ def register(sub):
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="preset name or HF model directory (same as the engine's)")
     p.add_argument("--index", type=int, default=None, help="expert worker index (default: $RANK from torchrun)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weights and activations; must match the engine's (asap.LLM dtype)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda (this process's GPU: cuda:$LOCAL_RANK) or cuda:N; "
+                        "default cuda with --transport nccl, else cpu")
     add_config_flags(p, RuntimeConfig, skip=("remote_experts",))
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def remote_spec(args):
+    """The WorkerSpec of this expert worker: dtype and device from the flags, not assumed."""
     from asap.cli import config_from_args
     from asap.config import ModelConfig, RuntimeConfig
     from asap.engine.layout import build_layout
     from asap.model.materialize import resolve_model
-    from asap.workers.main import worker_main
     rt = config_from_args(RuntimeConfig, args, remote_experts=True)
     model_dir = resolve_model(args.model, config_only=rt.compute == "emulated")
     index = args.index if args.index is not None else int(os.environ.get("RANK", 0))
     if not 0 <= index < rt.expert_workers:
         raise ValueError(f"expert worker index {index} not in [0, {rt.expert_workers})")
-    layout = build_layout(ModelConfig.from_dir(model_dir), rt, "async", str(model_dir), "float32", "cpu", False)
-    worker_main(layout.remote[index], None, _Report(), threading.Event())
+    device = args.device or ("cuda" if rt.transport == "nccl" else "cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    layout = build_layout(ModelConfig.from_dir(model_dir), rt, "async", str(model_dir), args.dtype, device, False)
+    return layout.remote[index]
+
+
+def run(args) -> int:
+    from asap.workers.main import worker_main
+    worker_main(remote_spec(args), None, _Report(), threading.Event())
     return 0

@@ -33,11 +33,12 @@ class Replica:
         self.index, self.compute, self.scheduler, self.results = index, compute, scheduler, results
         self.send_kv = send_kv
         self.kv = compute.new_kv()
-        self.prompts: dict[int, list[int] | None] = {}
+        self.prompts: dict[int, torch.Tensor | None] = {}   # token ids, on compute.device (None: emulated)
         self.logprobs_k: dict[int, int] = {}             # requests that asked for prompt logprobs: id -> top-k
         self.logprob_parts: dict[int, list] = {}         # their per-chunk pieces so far
         cfg = compute.cfg
-        self.routing = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long)   # for expert placement
+        dev = compute.device
+        self.routing = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long, device=dev)  # expert placement
         self._routing_sent = time.monotonic()
 
     # ---- requests in / results out ---------------------------------------------------------------
@@ -49,7 +50,8 @@ class Replica:
         except QueueFull as e:
             self.results.put(Result(msg.request_id, self.index, error=f"replica {self.index} queue full: {e}"))
             return
-        self.prompts[msg.request_id] = msg.prompt
+        self.prompts[msg.request_id] = None if msg.prompt is None else \
+            torch.as_tensor(msg.prompt, dtype=torch.long).to(self.compute.device)   # once per request
         if msg.prompt_logprobs is not None and not self.compute.emulated:
             self.logprobs_k[msg.request_id], self.logprob_parts[msg.request_id] = msg.prompt_logprobs, []
         if self.kv is not None:
@@ -83,10 +85,10 @@ class Replica:
     def _microbatch(self, chunks) -> MicroBatch:
         batch = Batch.build(chunks, self.compute.device)
         if self.compute.emulated:
-            ids = torch.zeros(batch.num_tokens, dtype=torch.long)
-        else:
-            ids = torch.tensor([t for c in chunks for t in self.prompts[c.request_id][c.start:c.start + c.num_tokens]],
-                               dtype=torch.long)
+            ids = torch.zeros(batch.num_tokens, dtype=torch.long, device=self.compute.device)
+        else:     # one slice per chunk, no Python per token
+            parts = [self.prompts[c.request_id][c.start:c.start + c.num_tokens] for c in chunks]
+            ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.compute.device)
         finishing = [i for i, c in enumerate(chunks)
                      if c.start + c.num_tokens == self.scheduler.get(c.request_id).num_tokens]
         return MicroBatch(batch, self.compute.embed(ids), finishing)
@@ -94,12 +96,13 @@ class Replica:
     def attention(self, mb: MicroBatch, layer: int) -> StageOut:
         if mb.batch.num_tokens == 0:     # sync baseline: an idle rank still takes part with an empty batch
             K = self.compute.cfg.top_k
-            empty = torch.zeros(0, K)
+            empty = torch.zeros(0, K, device=mb.h.device)
             return StageOut(h=mb.h, x=mb.h if self.compute.cfg.moe_layers[layer] else None,
                             topk_ids=empty.long() if self.compute.cfg.moe_layers[layer] else None, topk_weights=empty)
         s = self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
         if s.topk_ids is not None:
-            self.routing[layer] += torch.bincount(s.topk_ids.reshape(-1), minlength=self.routing.shape[1])
+            ids = s.topk_ids.reshape(-1)          # index_add_, not bincount: no host sync on a GPU
+            self.routing[layer].index_add_(0, ids, torch.ones_like(ids))
         return s
 
     def _chunk_logprobs(self, mb: MicroBatch) -> None:
@@ -110,7 +113,7 @@ class Replica:
             prompt = self.prompts[c.request_id]
             end = min(c.start + c.num_tokens, len(prompt) - 1)     # the last position predicts no prompt token
             rows = list(range(mb.batch.offsets[i], mb.batch.offsets[i] + end - c.start))
-            next_ids = torch.tensor(prompt[c.start + 1:end + 1], dtype=torch.long)
+            next_ids = prompt[c.start + 1:end + 1]
             self.logprob_parts[c.request_id].append(
                 prompt_logprobs(self.compute.side, mb.h, rows, next_ids, self.logprobs_k[c.request_id]))
 
@@ -118,7 +121,7 @@ class Replica:
         if self.logprobs_k.pop(rid, None) is None:
             return None
         parts = self.logprob_parts.pop(rid)
-        return tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+        return tuple(torch.cat([p[j] for p in parts]).cpu() for j in range(3))
 
     def finish(self, schedule: dict[int, int], mbs: list[MicroBatch]) -> None:
         for mb in mbs:
@@ -127,11 +130,11 @@ class Replica:
             if not mb.finishing:
                 continue
             rows = [mb.batch.offsets[i + 1] - 1 for i in mb.finishing]
-            logits = self.compute.logits(mb.h, rows)
+            logits = self.compute.logits(mb.h, rows).cpu()      # results leave the device once, here
             now = time.monotonic()
             for j, i in enumerate(mb.finishing):
                 rid = mb.batch.chunks[i].request_id
-                kv = self.kv.pop(rid) if self.kv is not None else None
+                kv = _to_host(self.kv.pop(rid)) if self.kv is not None else None
                 self.results.put(Result(rid, self.index, int(logits[j].argmax()), logits[j].clone(),
                                         kv if self.send_kv else None, finished_at=now,
                                         prompt_logprobs=self._take_logprobs(rid)))
@@ -145,3 +148,10 @@ class Replica:
             self.results.put(RoutingCounts(self.index, self.routing.tolist()))
             self.routing.zero_()
         self._routing_sent = time.monotonic()
+
+
+def _to_host(kv):
+    """A request's KV ([layer] -> {name: tensor}) on the CPU, for the engine process."""
+    if all(t.device.type == "cpu" for layer in kv for t in layer.values()):
+        return kv
+    return [{k: t.cpu() for k, t in layer.items()} for layer in kv]

@@ -21,13 +21,18 @@ class SpanRecorder:
         self.pending: deque[tuple[str, float, float]] = deque(maxlen=capacity)
         self.num_dropped = 0
         self._last_flush = time.monotonic()
+        self.sync = None     # compute.synchronize on a GPU: a span then ends when its kernels do, not their launches
 
     @contextmanager
     def span(self, kind: str):
+        if self.sync is not None:
+            self.sync()
         t0 = time.monotonic()
         try:
             yield
         finally:
+            if self.sync is not None:
+                self.sync()
             self.add(kind, t0, time.monotonic())
 
     def add(self, kind: str, start: float, end: float) -> None:
