@@ -6,7 +6,6 @@ and KV encoding run in the service's thread pool.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 
@@ -41,24 +40,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _watch_drain(service: PrefillService, grace_s: float) -> None:
-    """Once shutdown starts, requests still waiting near the end of the grace period get a 503 JSON
-    (not a cancelled task's plain 500)."""
-    while not service.supervisor.draining:
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(max(0.0, grace_s - min(1.0, grace_s / 4)))
-    service.cut_off()
-
-
 def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastAPI:
     service = PrefillService(llm, cfg, model_name, tokenizer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.supervisor.start()
-        drain = asyncio.get_running_loop().create_task(_watch_drain(service, cfg.shutdown_timeout_s))
         yield
-        drain.cancel()
         service.cut_off()
         await service.supervisor.stop()
         service.pool.shutdown(wait=False, cancel_futures=True)
