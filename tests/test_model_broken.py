@@ -167,3 +167,12 @@ def test_corrupt_tokenizer_names_the_file(tiny_dirs, tmp_path, content, expect):
     with pytest.raises(ModelLoadError, match=expect) as e:
         load_tokenizer(d)
     _one_line(e.value, d)
+
+
+@pytest.mark.parametrize("broken", ["hidden-size-string", "missing-field", "quant-awq"], indirect=True)
+@pytest.mark.parametrize("engine", ["async", "sync"])
+def test_every_engine_refuses_a_broken_config_the_same_way(broken, engine):
+    d, expect = broken
+    with pytest.raises(ModelLoadError, match=expect) as e:
+        asap.LLM(str(d), engine=engine)
+    _one_line(e.value, d)

@@ -69,7 +69,7 @@ def test_chat_template_renders_as_transformers(tmp_path):
         assert ours.apply_chat_template(messages, add_generation_prompt=gen, tokenize=True) == \
             list(hf.apply_chat_template(messages, add_generation_prompt=gen, tokenize=True, return_dict=False))
     assert text.startswith(BOS) and ours.encode(text, add_special_tokens=False).count(ours.bos_token_id) == 1
-    with pytest.raises(Exception, match="unknown role"):
+    with pytest.raises(ValueError, match="chat template: unknown role tool"):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
 
 

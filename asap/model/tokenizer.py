@@ -134,13 +134,18 @@ class TextTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
                             **kwargs):
         """Render `messages` with the model's chat template as transformers does (jinja2, sandboxed);
-        tokenize=True returns ids (the template writes BOS itself, so no special tokens are added)."""
+        tokenize=True returns ids (the template writes BOS itself, so no special tokens are added).
+        A message the template refuses (its raise_exception) is a ValueError."""
         if self.chat_template is None:
             raise ValueError("this model's tokenizer has no chat_template")
         if self._compiled is None:
             self._compiled = _compile(self.chat_template)
-        text = self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **{**self.special_tokens, **kwargs})
+        import jinja2
+        try:
+            text = self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **{**self.special_tokens, **kwargs})
+        except jinja2.TemplateError as e:       # raise_exception() in the template, or a template bug
+            raise ValueError(f"chat template: {e}") from None
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

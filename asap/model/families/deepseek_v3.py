@@ -60,7 +60,7 @@ class DeepseekV3(Family):
         f.require("moe_layer_freq", (1,), 1)
         first_dense = f.int("first_k_dense_replace", 0, min=0)
         L = kw["num_layers"]
-        n_exp = f.int("n_routed_experts", None) or f.int("num_local_experts")
+        n_exp = f.int("n_routed_experts", None) or f.int("num_local_experts", None) or f.int("n_routed_experts")
         return dict(
             kw, num_experts=n_exp, scoring="sigmoid", moe_layers=tuple(i >= first_dense for i in range(L)),
             num_mtp_layers=f.int("num_nextn_predict_layers", 0, min=0),

@@ -65,7 +65,7 @@ class Glm4Moe(GqaFamily):
         if int(head_dim * prf) % 2:
             raise f.error("partial_rotary_factor", f"{prf} x head_dim {head_dim} must be an even rotary dimension")
         return dict(
-            kw, num_experts=f.int("n_routed_experts", None) or f.int("num_local_experts"), scoring="sigmoid",
+            kw, num_experts=f.int("n_routed_experts", None) or f.int("num_local_experts", None) or f.int("n_routed_experts"), scoring="sigmoid",
             moe_layers=tuple(i >= first_dense for i in range(L)),
             num_mtp_layers=f.int("num_nextn_predict_layers", 1, min=0),
             head_dim=head_dim, partial_rotary_factor=float(prf), attention_bias=f.bool("attention_bias", False),

@@ -44,7 +44,7 @@ class Qwen3Moe(GqaFamily):
         f.inert("sliding_window", "max_window_layers")    # read by transformers only with use_sliding_window
         L = kw["num_layers"]
         step, only = f.int("decoder_sparse_step", 1), set(f.int_list("mlp_only_layers"))
-        n_exp = f.int("num_experts", None) or f.int("num_local_experts")
+        n_exp = f.int("num_experts", None) or f.int("num_local_experts", None) or f.int("num_experts")
         return dict(
             kw, num_experts=n_exp, scoring="softmax",
             moe_layers=tuple(i not in only and (i + 1) % step == 0 for i in range(L)),
