@@ -131,3 +131,26 @@ def test_partial_of_the_wrong_shape_is_rejected(ranks):
     item, = dispatch_recv(WorkQueue(Mailbox(ranks[2])), timeout=1.0)
     with pytest.raises(ValueError, match=r"partial must be \[3, D\]"):
         combine_send(ranks[2], item, torch.zeros(2, 4))
+
+
+def test_dispatch_to_a_rank_that_does_not_exist_is_a_clear_error(ranks):
+    x, ids, w, dest = route(3)
+    dest[1, 0] = 4                                # world_size is 4: ranks 0..3
+    with pytest.raises(ValueError, match=r"dest entries must be a rank in \[0, 4\) or -1"):
+        dispatch_send(ranks[0], x, ids, w, dest, replica=0, layer=0, microbatch=0, seq=0)
+    dest[1, 0] = -2
+    with pytest.raises(ValueError, match="or -1"):
+        dispatch_send(ranks[0], x, ids, w, dest, replica=0, layer=0, microbatch=0, seq=0)
+    assert ranks[2].poll() is None and ranks[3].poll() is None     # nothing half-sent
+
+
+def test_layout_sorts_pairs_by_rank_and_masks_the_others():
+    from asap.comm.primitives import dispatch_layout
+    dest = torch.tensor([[1, 2], [-1, -1], [2, 2], [0, 1]])
+    ids = torch.tensor([[10, 20], [30, 40], [50, 60], [70, 80]])
+    lay = dispatch_layout(dest, ids, ids.float(), world_size=3, always_to=(0,))
+    assert {r: v.tolist() for r, v in lay.rows.items()} == {0: [3], 1: [0, 3], 2: [0, 2]}
+    assert lay.topk_ids[1].tolist() == [[10, -1], [-1, 80]] and lay.topk_ids[2].tolist() == [[-1, 20], [50, 60]]
+    assert lay.topk_weights[0].tolist() == [[70.0, 0.0]] and lay.whole is None
+    whole = dispatch_layout(torch.full((4, 2), 2), ids, ids.float(), world_size=3, always_to=(1,))
+    assert whole.whole == 2 and whole.rows[1].numel() == 0 and whole.topk_ids[2] is ids   # nothing gathered

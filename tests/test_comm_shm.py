@@ -181,3 +181,73 @@ def test_dist_spec_rejects_backend_device_mismatch():
         DistTransportSpec("nccl", "tcp://127.0.0.1:1", 2, device="cpu")
     with pytest.raises(ValueError, match="backend must be"):
         DistTransportSpec("mpi")
+
+
+def test_segments_of_a_killed_process_group_are_swept_at_the_next_start(tmp_path):
+    """A SIGKILL of the whole group runs no cleanup (the resource tracker dies too); the pid in the
+    segment names lets the next ShmTransportSpec find and unlink them (issue 15 point 5)."""
+    import signal
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from asap.comm import ShmTransportSpec
+        spec = ShmTransportSpec(3, ring_bytes=4096)
+        print(" ".join(spec.segment_name(p) for p in spec.pairs), flush=True)
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        names = proc.stdout.readline().split()
+        assert len(names) == 6 and all(n.startswith(f"asap{proc.pid}_") for n in names)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert all(os.path.exists(f"/dev/shm/{n}") for n in names)       # leaked: nobody cleaned up
+    spec = ShmTransportSpec(2, ring_bytes=4096)
+    try:
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+        assert all(os.path.exists(f"/dev/shm/{spec.segment_name(p)}") for p in spec.pairs)   # ours stay
+    finally:
+        spec.cleanup()
+
+
+def test_segments_of_a_live_owner_are_left_alone():
+    from asap.comm.shm import sweep_dead_segments
+    spec = ShmTransportSpec(2, ring_bytes=4096)
+    try:
+        sweep_dead_segments()
+        assert all(os.path.exists(f"/dev/shm/{spec.segment_name(p)}") for p in spec.pairs)
+    finally:
+        spec.cleanup()
+
+
+def test_receive_buffers_are_reused_only_once_every_view_is_gone():
+    from asap.comm.transport import BufferPool
+    pool = BufferPool(max_buffers=2, min_bytes=1024)
+    a = pool.take(torch.float32, (1000,))
+    ptr = a.data_ptr()
+    view = a[10:20]
+    del a
+    b = pool.take(torch.float32, (1000,))
+    assert b.data_ptr() != ptr                    # a view of the first buffer is still alive
+    del view
+    c = pool.take(torch.bfloat16, (50, 40))
+    assert c.data_ptr() == ptr and c.shape == (50, 40) and c.dtype == torch.bfloat16   # reused, warm
+    del b, c
+    assert pool.take(torch.uint8, (10,)).data_ptr() not in (ptr,)   # small ones are plain allocations
+
+
+def test_records_never_straddle_the_end_of_the_ring():
+    buf = memoryview(bytearray(Ring.segment_bytes(1024)))
+    writer, reader = Ring(buf, 1024), Ring(buf, 1024)
+    assert writer.reserve(700) is not None
+    writer.commit()
+    off, n = reader.peek()
+    reader.release()
+    at = writer.reserve(300)                      # 384 B would run past the end: it starts at 0 instead
+    assert at == 64
+    writer.commit()
+    off, n = reader.peek()
+    assert off == 64 and n >= 300
+    writer.close(), reader.close()

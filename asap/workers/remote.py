@@ -16,6 +16,7 @@ attention replica has closed its link.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -63,8 +64,9 @@ def remote_spec(args):
     device = args.device or ("cuda" if rt.transport == "nccl" else "cpu")
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    layout = build_layout(ModelConfig.from_dir(model_dir), rt, "async", str(model_dir), args.dtype, device, False)
-    return layout.remote[index]
+    layout = build_layout(ModelConfig.from_dir(model_dir), rt, "async", str(model_dir), args.dtype, "cpu", False)
+    # "cuda" stays unresolved here: worker_main picks cuda:$LOCAL_RANK once it runs.
+    return dataclasses.replace(layout.remote[index], device=device)
 
 
 def run(args) -> int:
