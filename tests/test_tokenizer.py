@@ -73,6 +73,18 @@ def test_chat_template_renders_as_transformers(tmp_path):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
 
 
+def test_a_chat_template_file_takes_priority_as_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    d = _bpe_tokenizer(tmp_path / "tok", {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS,
+                                          "eos_token": EOS, "chat_template": "{{ 'from the config' }}"})
+    (d / "chat_template.jinja").write_text(TEMPLATE)
+    ours, hf = load_tokenizer(d), transformers.AutoTokenizer.from_pretrained(str(d))
+    messages = [{"role": "user", "content": "hello there"}]
+    assert ours.apply_chat_template(messages) == hf.apply_chat_template(messages, tokenize=False,
+                                                                        add_generation_prompt=True)
+    assert ours.apply_chat_template(messages).startswith(BOS + "<｜User｜>hello there")
+
+
 def test_preset_tokenizer_covers_the_whole_vocabulary(tmp_path):
     write_tokenizer(tmp_path, 512)
     tok = load_tokenizer(tmp_path)

@@ -77,7 +77,9 @@ class DeepseekV3(Family):
         scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
         m_all = cfg.rope.get("mscale_all_dim", 0)
         if cfg.rope.rope_type != "default" and m_all:
-            scale *= yarn_mscale(cfg.rope.get("factor"), m_all) ** 2
+            factor = cfg.rope.get("factor") or cfg.max_position_embeddings / cfg.rope.get(
+                "original_max_position_embeddings", cfg.max_position_embeddings)
+            scale *= yarn_mscale(factor, m_all) ** 2
         return scale
 
     def build_attention(self, cfg, device):
