@@ -3,6 +3,7 @@ model computes, KV hand-off once (only when asked), health, models and Prometheu
 import json
 import shutil
 import struct
+import time
 
 import httpx
 import pytest
@@ -114,6 +115,10 @@ def test_metrics_count_outcomes_and_report_workers(server):
     server.post("/v1/completions", json={"prompt": PROMPT})
     server.post("/v1/completions", content=b"nope")
     after = server.get("/metrics").text
+    end = time.monotonic() + 10
+    while 'worker="expert0"' not in after and time.monotonic() < end:      # workers flush their spans periodically
+        time.sleep(0.2)
+        after = server.get("/metrics").text
     for name, delta in ((f'asap:requests_total{m},outcome="ok"}}', 1), (f'asap:requests_total{m},outcome="invalid"}}', 1),
                         (f'asap:request_success_total{{finished_reason="length",model_name="tiny"}}', 1),
                         (f"asap:prompt_tokens_total{m}}}", len(PROMPT)),
@@ -125,3 +130,15 @@ def test_metrics_count_outcomes_and_report_workers(server):
                  f"asap:healthy{m}}} 1.0", f'asap:worker_busy_fraction{m},worker="expert0"}}',
                  f'asap:worker_stall_fraction{m},worker="attention0"}}', f"asap:kv_store_bytes{m}}}"):
         assert name in after, name
+
+
+def test_grafana_dashboard_only_uses_metrics_the_server_exports(server):
+    import re
+    from pathlib import Path
+
+    import asap.server
+    dashboard = json.loads((Path(asap.server.__file__).parent / "grafana.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"asap:[a-z0-9_]+", e)}
+    exported = set(re.findall(r"^(asap:[a-z0-9_]+?)(?:_bucket|_sum|_count)?[{ ]", server.get("/metrics").text, re.M))
+    assert len(used) >= 12 and used <= exported, used - exported
