@@ -84,3 +84,21 @@ def test_cached_preset_written_from_an_older_preset_is_rewritten(tmp_path, monke
     written = json.loads((again / "config.json").read_text())
     assert written["num_experts_per_tok"] == preset_config("tiny-qwen3-moe")["num_experts_per_tok"]
     assert sorted(p.name for p in tmp_path.joinpath("models").iterdir()) == ["tiny-qwen3-moe"]
+
+
+def test_block_fp8_preset_is_stored_in_fp8_and_approximates_the_preset(tmp_path):
+    """`asap make-model --fp8`: e4m3 weights with per-block scales, dequantised at load; the logits stay
+    within fp8's rounding of the unquantised preset's (same seed)."""
+    from safetensors import safe_open
+    from asap.model.materialize import materialize
+    out = materialize("tiny-deepseek-v3", tmp_path / "fp8", fp8_block=(16, 16))
+    with safe_open(out / "model-00001.safetensors", "pt") as f:
+        w = f.get_tensor("model.layers.1.self_attn.q_b_proj.weight")
+        assert w.dtype == torch.float8_e4m3fn
+        assert f.get_tensor("model.layers.1.self_attn.q_b_proj.weight_scale_inv").shape == (6, 2)
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+    prompt = list(range(1, 300))
+    with asap.LLM(str(out)) as a, asap.LLM("tiny-deepseek-v3") as b:
+        la, lb = a.prefill([prompt])[0].logits, b.prefill([prompt])[0].logits
+    assert torch.nn.functional.cosine_similarity(la, lb, dim=0).item() > 0.999
+    assert 0 < (la - lb).abs().max().item() < 0.05

@@ -8,13 +8,23 @@ def register(sub):
     p.add_argument("preset", help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fp8", metavar="BOxBI", default=None,
+                   help="write the linear weights as block-FP8 (float8_e4m3fn + weight_scale_inv) in blocks of "
+                        "BOxBI, e.g. 128x128 as DeepSeek-V3 ships them")
     p.set_defaults(func=run)
 
 
 def run(args):
     from asap.config import ModelConfig
     from asap.model.materialize import materialize
-    out = materialize(args.preset, args.dir, seed=args.seed)
+    block = None
+    if args.fp8:
+        try:
+            block = tuple(int(b) for b in args.fp8.lower().split("x"))
+            assert len(block) == 2 and min(block) > 0
+        except (ValueError, AssertionError):
+            raise SystemExit(f"--fp8 wants BOxBI, e.g. 128x128, got {args.fp8!r}") from None
+    out = materialize(args.preset, args.dir, seed=args.seed, fp8_block=block)
     n = ModelConfig.from_dir(out).num_params()
     print(f"wrote {args.preset} to {out} ({n['total'] / 1e6:.1f}M parameters, "
           f"{n['experts'] / 1e6:.1f}M in routed experts)")

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from asap.model.config import ModelConfig
 from asap.model.errors import ModelLoadError
 from asap.model.presets import CONFIG_ONLY, PRESETS, preset_config
+from asap.model.quant import SCALE_SUFFIX, quantizable, quantize
 from asap.model.tensors import tensor_shapes  # noqa: F401 - re-exported: the names and shapes written
 from asap.model.tokenizer import write_tokenizer
 
@@ -31,8 +32,10 @@ def _init(name: str, shape, g: torch.Generator) -> torch.Tensor:
     return 0.02 * torch.randn(shape, generator=g)
 
 
-def materialize(preset: str, out_dir: str | Path, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write `preset` to `out_dir` (config.json + sharded safetensors + index). Returns the directory."""
+def materialize(preset: str, out_dir: str | Path, seed: int = 0, shard_bytes: int = SHARD_BYTES,
+                fp8_block: tuple[int, int] | None = None) -> Path:
+    """Write `preset` to `out_dir` (config.json + sharded safetensors + index). Returns the directory.
+    fp8_block: write the linear weights as block-FP8 (DeepSeek-V3's format) with blocks of this size."""
     if preset in CONFIG_ONLY:
         raise ValueError(f"preset {preset!r} is config-only (full size); use it with the simulator")
     hf = preset_config(preset)
@@ -51,16 +54,22 @@ def materialize(preset: str, out_dir: str | Path, seed: int = 0, shard_bytes: in
             weight_map.update({k: fname for k in shard})
             shard, size = {}, 0
 
+    total = 0
     for name, shape in tensor_shapes(cfg).items():
         t = _init(name, shape, g)
+        if fp8_block and quantizable(name, shape):
+            t, shard[name + SCALE_SUFFIX] = quantize(t, fp8_block)
         shard[name] = t
-        size += t.numel() * 4
+        size += sum(shard[n].numel() * shard[n].element_size() for n in (name, name + SCALE_SUFFIX) if n in shard)
+        total += t.numel() * t.element_size()
         if size >= shard_bytes:
             flush()
     flush()
-    total = sum(int(torch.tensor(s).prod()) * 4 for s in tensor_shapes(cfg).values())
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    if fp8_block:
+        hf = dict(hf, quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                           "weight_block_size": list(fp8_block)})
     (out / "config.json").write_text(json.dumps(dict(hf, dtype="float32", asap_seed=seed), indent=2))
     write_tokenizer(out, cfg.vocab_size)
     return out

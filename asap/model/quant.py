@@ -90,11 +90,16 @@ def quantize(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple
     """The inverse, as DeepSeek's conversion does it: per block, scale = amax / 448. For tests and presets."""
     out_f, in_f = weight.shape
     bo, bi = block
-    w = weight.float()
-    amax = torch.zeros(-(-out_f // bo), -(-in_f // bi))
-    for r in range(amax.shape[0]):
-        for c in range(amax.shape[1]):
-            amax[r, c] = w[r * bo:(r + 1) * bo, c * bi:(c + 1) * bi].abs().max()
+    nbo, nbi = -(-out_f // bo), -(-in_f // bi)
+    padded = torch.zeros(nbo * bo, nbi * bi)
+    padded[:out_f, :in_f] = weight.float()
+    amax = padded.view(nbo, bo, nbi, bi).abs().amax(dim=(1, 3))
     scale = (amax / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
-    q = (w / expand_scales(scale, (out_f, in_f), block)).to(torch.float8_e4m3fn)
+    q = (weight.float() / expand_scales(scale, (out_f, in_f), block)).to(torch.float8_e4m3fn)
     return q, scale
+
+
+def quantizable(name: str, shape) -> bool:
+    """The tensors block-FP8 checkpoints store in FP8: 2-D linear weights but the embedding, LM head and router."""
+    return len(shape) == 2 and name.endswith(".weight") and not any(
+        s in name for s in ("embed_tokens", "lm_head", "mlp.gate.weight"))
