@@ -193,3 +193,20 @@ def format_plan(p: Plan) -> str:
                f"workers: {b.max_slo_rate:.3f} req/s SLO-compliant, P90 TTFT "
                f"{cell(b.ttft_p90_ms_at_ref, '.0f')} ms at {p.ref_rate:.3g} req/s")
     return "\n".join(out)
+
+
+def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
+                 slo="2s+1ms/tok", num_requests: int = 600, verbose: bool = False) -> dict:
+    """The best-tuned configuration of each engine (SIMULATED; asap.sim.tune, the same search and budget for
+    both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
+
+    workload: a name of asap.workload.presets or a trace path; slo: an asap.workload.slo spec.
+    EngineConfig.sim_kw() gives the keywords for asap.sim.run.run; None where no candidate has a valid rate
+    (Tuned.reason says why)."""
+    from asap.sim.tune import tune
+    from asap.workload.presets import workload_requests
+    from asap.workload.slo import parse_slo
+    requests = parse_slo(slo).apply(workload_requests(workload, num_requests))
+    results = {engine: tune(requests, engine, devices, model, hardware, verbose=verbose)
+               for engine in ("sync", "async")}
+    return {"sync": results["sync"].best, "async": results["async"].best, "results": results}

@@ -1,0 +1,53 @@
+"""Named workloads for the tuner and the headline: a name (or a trace path) -> requests without deadlines.
+
+- "conversation": Mooncake's conversation trace (../shared/traces/), its own bursty arrivals
+- "synthetic":    Mooncake's synthetic trace, its own (Poisson) arrivals
+- "fixed-2k", "fixed-4k", "fixed-8k": fixed prompt lengths, Poisson arrivals
+- "lognormal":    log-normal lengths (mean 4K, sigma 1), Poisson arrivals
+- a path to any Mooncake .jsonl or Azure-format .csv: that trace's lengths and arrivals
+Only the arrival *pattern* matters: the rate search rescales arrivals to each rate tried.
+Prompts longer than one replica can hold are not clipped: chunked prefill serves any length (each
+chunk attends to the KV of the earlier chunks), and the tuner's attention TP shortens long prompts;
+`max_tokens` clips them where a study asks for it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from asap.scheduler.request import Request
+from asap.workload.arrivals import Poisson
+from asap.workload.lengths import Fixed, LogNormal
+from asap.workload.workload import Workload
+
+SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TRACES = {"conversation": "mooncake_conversation.jsonl", "synthetic": "mooncake_synthetic.jsonl"}
+SYNTHETIC = {"fixed-2k": Fixed(2048), "fixed-4k": Fixed(4096), "fixed-8k": Fixed(8192),
+             "lognormal": LogNormal(4096, 1.0)}
+NAMES = (*TRACES, *SYNTHETIC)
+
+
+def trace_path(name: str) -> Path:
+    p = SHARED_TRACES / TRACES[name]
+    if not p.is_file():
+        raise ValueError(f"workload {name!r}: trace {p} not found (the Mooncake traces live in ../shared/traces/)")
+    return p
+
+
+def workload_requests(name: "str | Path", num_requests: int, seed: int = 0,
+                      max_tokens: int | None = None) -> list[Request]:
+    """The first `num_requests` requests of workload `name` (see the module docstring), no deadlines."""
+    if num_requests < 2:
+        raise ValueError(f"a workload needs >= 2 requests, got {num_requests}")
+    key = str(name)
+    if key in TRACES:
+        wl = Workload(trace=trace_path(key), num_requests=num_requests, max_tokens=max_tokens, with_prompts=False)
+    elif key in SYNTHETIC:
+        wl = Workload(arrivals=Poisson(1.0), lengths=SYNTHETIC[key], num_requests=num_requests, seed=seed,
+                      max_tokens=max_tokens, with_prompts=False)
+    elif Path(key).suffix in (".jsonl", ".csv", ".gz"):
+        if not Path(key).is_file():
+            raise ValueError(f"workload trace {key} not found")
+        wl = Workload(trace=key, num_requests=num_requests, max_tokens=max_tokens, with_prompts=False)
+    else:
+        raise ValueError(f"unknown workload {key!r}; choose one of {', '.join(NAMES)} or a .jsonl/.csv trace path")
+    return wl.build()
