@@ -32,8 +32,15 @@ def _reps(T: int) -> int:
     return 200 if T <= 1 else 60 if T <= 128 else 20 if T <= 1024 else 8
 
 
-def _expert(spec, sizes, hidden, out):
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _expert(spec, sizes, hidden, out, device="cpu"):
     torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
     from asap.comm import Mailbox, WorkQueue, combine_send, dispatch_recv
     t = spec.connect(1)
     q = WorkQueue(Mailbox(t))
@@ -42,30 +49,35 @@ def _expert(spec, sizes, hidden, out):
         lat[T], sent[T] = [], []
         for _ in range(_reps(T) + 3):
             (item,) = dispatch_recv(q, timeout=60)
-            now = time.monotonic()
-            lat[T].append(now - item.header.sent_at)
+            x = item.x.to(device)              # where the expert weights would be
+            _sync(device)
+            lat[T].append(time.monotonic() - item.header.sent_at)
             sent[T].append(time.monotonic())
-            combine_send(t, item, item.x)
+            combine_send(t, item, x)
     out.put((lat, sent))
     t.close()
 
 
-def _attention(spec, sizes, hidden, out):
+def _attention(spec, sizes, hidden, out, device="cpu"):
     torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
     from asap.comm import CombineInbox, Mailbox, combine_recv, dispatch_send
     t = spec.connect(0)
     inbox = CombineInbox(Mailbox(t))
     got = {}
     seq = 0
     for T in sizes:
-        x = torch.randn(T, hidden).to(torch.bfloat16)
-        ids = torch.randint(0, 64, (T, TOP_K))
-        w = torch.rand(T, TOP_K)
-        dest = torch.ones(T, TOP_K, dtype=torch.long)
+        x = torch.randn(T, hidden, device=device).to(torch.bfloat16)
+        ids = torch.randint(0, 64, (T, TOP_K), device=device)
+        w = torch.rand(T, TOP_K, device=device)
+        dest = torch.ones(T, TOP_K, dtype=torch.long, device=device)
         got[T] = []
         for _ in range(_reps(T) + 3):
+            _sync(device)
             pc = dispatch_send(t, x, ids, w, dest, replica=0, layer=0, microbatch=0, seq=seq)
             y = combine_recv(inbox, pc, timeout=60)
+            _sync(device)
             got[T].append(time.monotonic())
             seq += 1
         assert torch.equal(y, x), "combine returned other values than were dispatched"
@@ -100,15 +112,18 @@ def _spec(transport: str, world: int, ring_bytes: int):
         return ShmTransportSpec(world, ring_bytes=ring_bytes, send_timeout=60)
     from asap.comm import DistTransportSpec
     from asap.engine.layout import free_port
-    return DistTransportSpec("gloo", f"tcp://127.0.0.1:{free_port()}", world, send_timeout=60)
+    return DistTransportSpec(transport, f"tcp://127.0.0.1:{free_port()}", world, send_timeout=60,
+                             device="cuda" if transport == "nccl" else "cpu")
 
 
-def run(transport: str, sizes: list[int], hidden: int) -> list[dict]:
+def run(transport: str, sizes: list[int], hidden: int, devices: tuple[str, str] = ("cpu", "cpu")) -> list[dict]:
+    """devices: where rank 0's activations and rank 1's expert inputs live (nccl: cuda:0, cuda:1)."""
     ctx = mp.get_context("spawn")
     biggest = max(sizes) * (hidden * 2 + TOP_K * 12)
     spec = _spec(transport, 2, 3 * biggest + (1 << 20))
     out = ctx.Queue()
-    procs = [ctx.Process(target=f, args=(spec, sizes, hidden, out)) for f in (_attention, _expert)]
+    procs = [ctx.Process(target=f, args=(spec, sizes, hidden, out, dev))
+             for f, dev in zip((_attention, _expert), devices)]
     for p in procs:
         p.start()
     try:
