@@ -128,14 +128,19 @@ class RuntimeEngine:
 
     def _watch(self):
         """Fail everything in flight as soon as a worker dies or goes silent (never blocks on a queue)."""
+        reported: tuple = (None, set())                  # (cluster, silent workers already failed once)
         while not self._closing:
             cluster = self.cluster
+            if reported[0] is not cluster:
+                reported = (cluster, set())
             dead, silent = cluster.dead(), cluster.silent()
             if (dead or silent) and not self._stopping and cluster is self.cluster:
                 if dead:
                     self._fail_all(f"worker(s) died: {dead}")
                 for name, quiet_s in silent.items():
-                    self._fail_all(f"{name} missed its heartbeats for {quiet_s:.1f}s (hung or stopped)")
+                    self._fail_all(f"{name} missed its heartbeats for {quiet_s:.1f}s (hung or stopped)",
+                                   record=name not in reported[1])
+                    reported[1].add(name)
             time.sleep(0.05)
 
     def _handle(self, msg):
@@ -166,8 +171,8 @@ class RuntimeEngine:
         elif isinstance(msg, Failure):
             self._fail_all(f"{msg.worker} failed: {msg.error.strip().splitlines()[-1]}")
 
-    def _fail_all(self, error: str):
-        if error not in self.errors:
+    def _fail_all(self, error: str, record: bool = True):
+        if record and error not in self.errors:
             self.errors.append(error)
         with self._lock:
             pending, self._futures = self._futures, {}
