@@ -144,3 +144,15 @@ def test_torch_dtype_is_the_default_runtime_dtype():
     assert runtime_dtype(ModelConfig.from_hf(_hf("GLM-4.5")), "float32") == torch.float32
     assert runtime_dtype(ModelConfig.from_hf({k: v for k, v in _hf("GLM-4.5").items() if k != "torch_dtype"}),
                          None) == torch.float32
+
+
+def test_an_unknown_field_is_named_in_a_warning(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(_hf("GLM-4.5-Air"), sliding_window_pattern=4)))
+    with pytest.warns(UserWarning, match="config.json: fields ASAP does not read .*sliding_window_pattern"):
+        ModelConfig.from_dir(tmp_path)
+
+
+def test_transformers_derived_head_dims_must_agree():
+    assert ModelConfig.from_hf(dict(_hf("DeepSeek-V3"), head_dim=64, qk_head_dim=192)).qk_head_dim == 192
+    with pytest.raises(ModelLoadError, match="field 'qk_head_dim' = 128 disagrees"):
+        ModelConfig.from_hf(dict(_hf("DeepSeek-V3"), qk_head_dim=128))

@@ -8,6 +8,7 @@ Parsing, the KV layout and attention costs are the family's
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -161,4 +162,8 @@ class ModelConfig:
             raise ModelLoadError(p, f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
         except OSError as e:
             raise ModelLoadError(p, f"cannot read: {e.strerror}") from None
-        return cls.from_hf(hf, p)
+        cfg, unread = cls._parse(hf, p)
+        if unread:
+            warnings.warn(f"{p}: fields ASAP does not read (check that they do not change the model): "
+                          f"{', '.join(unread)}", stacklevel=2)
+        return cfg

@@ -61,11 +61,15 @@ class DeepseekV3(Family):
         first_dense = f.int("first_k_dense_replace", 0, min=0)
         L = kw["num_layers"]
         n_exp = f.int("n_routed_experts", None) or f.int("num_local_experts", None) or f.int("n_routed_experts")
+        nope, rope_dim = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
+        for key, derived in (("head_dim", rope_dim), ("qk_head_dim", nope + rope_dim)):   # transformers 5 writes these
+            if f.get(key, derived) != derived:
+                raise f.error(key, f"= {f.hf[key]!r} disagrees with the head dims (expected {derived})")
         return dict(
             kw, num_experts=n_exp, scoring="sigmoid", moe_layers=tuple(i >= first_dense for i in range(L)),
             num_mtp_layers=f.int("num_nextn_predict_layers", 0, min=0),
             q_lora_rank=f.int("q_lora_rank", None), kv_lora_rank=f.int("kv_lora_rank"),
-            qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
+            qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim,
             v_head_dim=f.int("v_head_dim"), rope_interleave=f.bool("rope_interleave", True),
             attention_bias=f.bool("attention_bias", False),
             n_shared_experts=f.int("n_shared_experts", 0, min=0), n_group=f.int("n_group", 1),
