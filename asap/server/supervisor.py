@@ -1,10 +1,11 @@
-"""Watches the engine: reports health, restarts the workers when one dies, trims worker spans.
+"""Watches the engine: reports health, restarts the workers when one dies or hangs, trims worker spans.
 
-States: "ok"; "unhealthy" (a worker died or the engine failed, and it is not
+States: "ok"; "unhealthy" (a worker died, missed its heartbeats, or the engine failed, and it is not
 being restarted: auto_restart off, the engine cannot restart, or a restart just
 failed and is waiting to retry, or the server is shutting down); "restarting" (engine.restart() is running:
-every worker is stopped and started again, reloading its weights). Requests
-in flight when a worker dies are failed by the engine itself.
+every worker is stopped and started again, reloading its weights; about a second with the tiny
+presets). Requests in flight when a worker dies or hangs are failed by the engine itself
+(EngineUnavailable: 503 + Retry-After).
 """
 from __future__ import annotations
 
