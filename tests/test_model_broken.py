@@ -151,8 +151,8 @@ def test_mtp_layers_are_never_read(tiny_dirs, tmp_path, monkeypatch):
     mtp = "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"
     _tensors(d, _set(mtp, torch.full((40, 64), float("nan"))))
     read = []
-    orig = Checkpoint.read
-    monkeypatch.setattr(Checkpoint, "read", lambda self, names, *a: (read.extend(names), orig(self, names, *a))[1])
+    orig = Checkpoint.iter
+    monkeypatch.setattr(Checkpoint, "iter", lambda self, names, *a: (read.extend(names), orig(self, names, *a))[1])
     with asap.LLM(str(d)) as llm:
         assert llm.prefill([[1, 2, 3]])[0].logits.isfinite().all()
     assert read and not any(n.startswith("model.layers.3.") for n in read)

@@ -31,8 +31,8 @@ def test_qwen3_sparse_step_and_mlp_only_layers():
 
 def test_slices_read_only_their_tensors(tiny_dirs, monkeypatch):
     read = []
-    orig = Checkpoint.read
-    monkeypatch.setattr(Checkpoint, "read", lambda self, names, *a: (read.extend(names), orig(self, names, *a))[1])
+    orig = Checkpoint.iter
+    monkeypatch.setattr(Checkpoint, "iter", lambda self, names, *a: (read.extend(names), orig(self, names, *a))[1])
     shard = load_expert_shard(tiny_dirs["tiny-deepseek-v3"], [3, 1])
     assert shard.expert_ids == {1: [1, 3], 2: [1, 3]}
     assert all(".mlp.experts.1." in n or ".mlp.experts.3." in n for n in read)

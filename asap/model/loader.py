@@ -25,6 +25,7 @@ from asap.model.stages import AttentionSide
 from asap.model.tensors import attention_side_tensors, expert_tensors, tensor_shapes
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -97,20 +98,22 @@ class Checkpoint:
 
     def read(self, names: list[str], dtype: torch.dtype, device, shapes: dict | None = None) -> dict[str, torch.Tensor]:
         """The named tensors in `dtype` on `device`, each checked (shape against `shapes`, finite)."""
+        return dict(self.iter(names, dtype, device, shapes))
+
+    def iter(self, names: list[str], dtype: torch.dtype, device, shapes: dict | None = None):
+        """(name, tensor) pairs as `read`, one tensor at a time, so a caller can place each and drop it."""
         shapes = shapes if shapes is not None else tensor_shapes(self.config)
         missing = [n for n in names if n not in self.files]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise ModelLoadError(self.path, f"tensor {missing[0]!r}{more} is missing from the checkpoint")
-        out: dict[str, torch.Tensor] = {}
         by_file: dict[Path, list[str]] = {}
         for n in names:
             by_file.setdefault(self.files[n], []).append(n)
         for f, ns in by_file.items():
             with self._open(f) as fh:
                 for n in ns:
-                    out[n] = self._get(fh, f, n, dtype, shapes.get(n)).to(device)
-        return out
+                    yield n, self._get(fh, f, n, dtype, shapes.get(n)).to(device)
 
     def _get(self, fh, f: Path, name: str, dtype: torch.dtype, shape) -> torch.Tensor:
         try:
@@ -183,13 +186,18 @@ def load_expert_shard(path, expert_ids, dtype=None, device="cpu") -> ExpertShard
     per_layer = expert_ids if isinstance(expert_ids, dict) else {l: expert_ids for l in cfg.moe_layer_ids}
     per_layer = {int(l): sorted(set(int(e) for e in per_layer.get(l, ()))) for l in cfg.moe_layer_ids}
     gate_up, down = {}, {}
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
     for layer, ids in per_layer.items():
         if any(not 0 <= e < cfg.num_experts for e in ids):
             raise ValueError(f"expert ids must be in [0, {cfg.num_experts}), got {ids}")
-        p = f"model.layers.{layer}.mlp.experts."
+        # Each tensor goes straight into its slot of the stacked weights: peak memory is the slice plus one tensor.
+        gu = gate_up[layer] = torch.empty(len(ids), 2 * I, D, dtype=dtype, device=device)
+        dn = down[layer] = torch.empty(len(ids), D, I, dtype=dtype, device=device)
+        slot = {e: i for i, e in enumerate(ids)}
         shapes = {k: v for e in ids for k, v in expert_tensors(cfg, layer, e).items()}
-        t = ck.read(list(shapes), dtype, device, shapes)
-        gate_up[layer] = torch.stack([torch.cat((t[p + f"{e}.gate_proj.weight"], t[p + f"{e}.up_proj.weight"]))
-                                      for e in ids]) if ids else torch.empty(0)
-        down[layer] = torch.stack([t[p + f"{e}.down_proj.weight"] for e in ids]) if ids else torch.empty(0)
+        for name, t in ck.iter(list(shapes), dtype, device, shapes):
+            e, proj = _EXPERT_NAME.search(name).groups()
+            target = dn[slot[int(e)]] if proj == "down" else gu[slot[int(e)], :I] if proj == "gate" \
+                else gu[slot[int(e)], I:]
+            target.copy_(t)
     return ExpertShard.build(cfg.num_experts, per_layer, gate_up, down)
