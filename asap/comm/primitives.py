@@ -50,20 +50,20 @@ class DispatchLayout:
 def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, world_size: int,
                     always_to: Sequence[int] = ()) -> DispatchLayout:
     """dest [T, K]: rank per pair, -1 for none. A fixed number of tensor ops whatever T, K and the
-    number of ranks; the only device-to-host copy is one [W + 3] vector (per-rank counts, bad and -1 entries)."""
+    number of ranks; the only device-to-host copy is one [W + 3] vector (per-rank counts, -1 and bad entries)."""
     T, K = dest.shape
     W, dev = world_size, dest.device
-    # Columns: 0..W-1 the ranks, W and W+1 out of range (an error), W+2 "nowhere" (-1).
-    col = dest.clamp(-2, W).remainder(W + 3)
+    # Columns: 0 below -1 (an error), 1 "nowhere" (-1), 2..W+1 the ranks, W+2 past the last rank (an error).
+    col = (dest + 2).clamp_(0, W + 2)              # add + clamp, no integer division (slow on CPU)
     member = torch.zeros(T, W + 3, dtype=torch.bool, device=dev)
-    member.scatter_(1, col, True)                             # [T, W+3]: token t has a pair for column c
-    host = member.sum(0).tolist()                             # the one copy to the host
-    if host[W] or host[W + 1]:
+    member.scatter_(1, col, True)                  # [T, W+3]: token t has a pair for column c
+    host = member.sum(0).tolist()                  # the one copy to the host
+    if host[0] or host[W + 2]:
         raise ValueError(f"dest entries must be a rank in [0, {W}) or -1")
-    counts = host[:W]
+    counts, nowhere = host[2:W + 2], host[1]
     ranks = sorted({r for r in range(W) if counts[r]} | set(always_to))
     live = [r for r in range(W) if counts[r]]
-    if len(live) == 1 and counts[live[0]] == T and not host[W + 2]:     # every pair to one rank, as is
+    if len(live) == 1 and counts[live[0]] == T and not nowhere:     # every pair to one rank, as is
         r = live[0]
         rows = {q: torch.arange(T, device=dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev)
                 for q in ranks}
@@ -71,9 +71,14 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
         ws = {q: topk_weights if q == r else topk_weights[:0] for q in ranks}
         return DispatchLayout(rows, ids, ws, whole=r)
     total = sum(counts)
-    flat = member[:, :W].t().reshape(-1)                      # rank-major: r * T + t
-    pos = (flat.nonzero() if dev.type == "cpu" else torch.nonzero_static(flat, size=total)).squeeze(1)
-    tokens, rank_of = pos % max(T, 1), pos // max(T, 1)       # sorted by rank, then token
+    flat = member[:, 2:W + 2].t().reshape(-1)                 # rank-major: r * T + t
+    if dev.type == "cpu":     # int64 division is slow on a CPU; the counts are on the host already
+        pos = flat.nonzero().squeeze(1)
+        rank_of = torch.repeat_interleave(torch.arange(W), torch.tensor(counts))
+    else:                     # nonzero_static: no second sync; the counts stay on the host
+        pos = torch.nonzero_static(flat, size=total).squeeze(1)
+        rank_of = pos // T
+    tokens = pos - rank_of * T                                # sorted by rank, then token
     mine = dest[tokens] == rank_of[:, None]                   # [P, K]
     ids = topk_ids[tokens].masked_fill(~mine, -1).split(counts)
     ws = topk_weights[tokens].masked_fill(~mine, 0).split(counts)

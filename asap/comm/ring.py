@@ -11,7 +11,9 @@ A record is contiguous in the buffer, so both ends can address it as one
 slice (typed tensor views, one copy in and one copy out): a 64-byte slot whose
 first word is the record's total size, then the body, the whole padded to 64
 bytes so every body starts 64-aligned. A record that would run past the end of
-the buffer is preceded by a SKIP word, and the consumer jumps to offset 0.
+the buffer is preceded by a SKIP word, and the consumer jumps to offset 0; so is
+every record written into an empty ring, so that a ring used one message at a
+time keeps reusing its first bytes (warm in cache) instead of walking through all of them.
 
 Writing is two steps, so the caller can fill the body in place:
   off = ring.reserve(n)   # None if it does not fit yet; else the body's data offset
@@ -93,8 +95,10 @@ class Ring:
         pos = int(self._ctrl[_WRITE])
         free = self.capacity - (pos - int(self._ctrl[_READ]))
         off = pos % self.capacity
-        if off + size > self.capacity:           # would straddle the end: skip to offset 0 first
-            tail = self.capacity - off
+        # Would straddle the end, or the ring is empty: start at offset 0. Restarting an empty ring at
+        # its start keeps messages in the same (cache- and TLB-warm) bytes instead of walking the ring.
+        tail = self.capacity - off
+        if off and (off + size > self.capacity or (free == self.capacity and size <= free - tail)):
             if tail > free:
                 return None
             self._words[off // 8] = _SKIP
