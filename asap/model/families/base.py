@@ -158,8 +158,10 @@ INERT = ("architectures", "model_type", "transformers_version", "bos_token_id", 
          "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "ep_size", "asap_seed", "name_or_path", "_name_or_path")
 
 
-def parse_common(f: Fields, default_theta: float = 10000.0, norm_topk_prob: bool = True) -> dict:
-    """The fields every family here reads the same way."""
+def parse_common(f: Fields, default_theta: float = 10000.0, norm_topk_prob: bool = True, rms_norm_eps: float = 1e-6,
+                 max_position_embeddings: int = 4096) -> dict:
+    """The fields every family here reads the same way; defaults (for absent fields) are transformers' for
+    the family."""
     from asap.model.quant import parse_quant
     from asap.model.rope import parse_rope
     f.inert(*INERT)
@@ -171,11 +173,11 @@ def parse_common(f: Fields, default_theta: float = 10000.0, norm_topk_prob: bool
         raise f.error("torch_dtype", f"= {describe(dtype)} is not supported (supported: {', '.join(DTYPES)})")
     f.get("quantization_config", None)
     heads = f.int("num_attention_heads")
-    max_pos = f.int("max_position_embeddings", 4096)
+    max_pos = f.int("max_position_embeddings", max_position_embeddings)
     return dict(
         vocab_size=f.int("vocab_size"), hidden_size=f.int("hidden_size"), num_layers=f.int("num_hidden_layers"),
         num_heads=heads, num_kv_heads=f.int("num_key_value_heads", heads), max_position_embeddings=max_pos,
-        rms_norm_eps=f.float("rms_norm_eps", 1e-6), intermediate_size=f.int("intermediate_size"),
+        rms_norm_eps=f.float("rms_norm_eps", rms_norm_eps), intermediate_size=f.int("intermediate_size"),
         moe_intermediate_size=f.int("moe_intermediate_size"), top_k=f.int("num_experts_per_tok"),
         norm_topk_prob=f.bool("norm_topk_prob", norm_topk_prob), tie_word_embeddings=f.bool("tie_word_embeddings", False),
         rope=parse_rope(f.hf, f.source, default_theta), dtype=dtype, quant=parse_quant(f.hf, f.source),

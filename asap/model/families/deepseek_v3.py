@@ -58,7 +58,9 @@ class DeepseekV3(Family):
         f.require("scoring_func", ("sigmoid",), "sigmoid")
         f.require("topk_method", ("noaux_tc",), "noaux_tc", "DeepSeek-V3 routes with the correction bias")
         f.require("moe_layer_freq", (1,), 1)
-        first_dense = f.int("first_k_dense_replace", 0, min=0)
+        # Absent fields take transformers' DeepseekV3Config defaults (DeepSeek-V3's own values).
+        first_dense = f.int("first_k_dense_replace", 3, min=0)
+        q_lora = f.int("q_lora_rank", None) if "q_lora_rank" in f.hf else 1536    # null: no q LoRA
         L = kw["num_layers"]
         n_exp = f.int("n_routed_experts", None) or f.int("num_local_experts", None) or f.int("n_routed_experts")
         nope, rope_dim = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
@@ -67,13 +69,13 @@ class DeepseekV3(Family):
                 raise f.error(key, f"= {f.hf[key]!r} disagrees with the head dims (expected {derived})")
         return dict(
             kw, num_experts=n_exp, scoring="sigmoid", moe_layers=tuple(i >= first_dense for i in range(L)),
-            num_mtp_layers=f.int("num_nextn_predict_layers", 0, min=0),
-            q_lora_rank=f.int("q_lora_rank", None), kv_lora_rank=f.int("kv_lora_rank"),
+            num_mtp_layers=f.int("num_nextn_predict_layers", 1, min=0),
+            q_lora_rank=q_lora, kv_lora_rank=f.int("kv_lora_rank"),
             qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim,
             v_head_dim=f.int("v_head_dim"), rope_interleave=f.bool("rope_interleave", True),
             attention_bias=f.bool("attention_bias", False),
-            n_shared_experts=f.int("n_shared_experts", 0, min=0), n_group=f.int("n_group", 1),
-            topk_group=f.int("topk_group", 1), routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
+            n_shared_experts=f.int("n_shared_experts", 1, min=0), n_group=f.int("n_group", 8),
+            topk_group=f.int("topk_group", 4), routed_scaling_factor=f.float("routed_scaling_factor", 2.5),
         )
 
     def softmax_scale(self, cfg) -> float:

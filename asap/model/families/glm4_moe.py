@@ -54,7 +54,7 @@ class Glm4Moe(GqaFamily):
     config_only = frozenset({"glm-4.5", "glm-4.5-air"})
 
     def parse(self, f: Fields) -> dict:
-        kw = parse_common(f, default_theta=10000.0)
+        kw = parse_common(f, default_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=131072)
         rope_raw = f.hf.get("rope_parameters") if isinstance(f.hf.get("rope_parameters"), dict) else {}
         prf = rope_raw.get("partial_rotary_factor", f.float("partial_rotary_factor", 0.5))
         if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:

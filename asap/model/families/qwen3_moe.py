@@ -38,7 +38,7 @@ class Qwen3Moe(GqaFamily):
     o_proj_bias = True
 
     def parse(self, f: Fields) -> dict:
-        kw = parse_common(f, default_theta=10000.0, norm_topk_prob=False)
+        kw = parse_common(f, default_theta=10000.0, norm_topk_prob=False, max_position_embeddings=32768)
         if f.bool("use_sliding_window", False):
             raise f.error("use_sliding_window", "= true is not supported (sliding-window attention)")
         f.inert("sliding_window", "max_window_layers")    # read by transformers only with use_sliding_window
