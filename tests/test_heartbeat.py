@@ -55,11 +55,12 @@ def test_a_long_compute_span_keeps_beating():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("victim", ["expert1", "attention0"])
-def test_sigstopped_worker_is_declared_failed_and_restart_recovers(victim):
+@pytest.mark.parametrize("engine,victim", [("async", "expert1"), ("async", "attention0"), ("sync", "rank1")])
+def test_sigstopped_worker_is_declared_failed_and_restart_recovers(engine, victim):
     timeout_s = 2.0
-    with asap.LLM("tiny-deepseek-v3", engine="async", attention_workers=2, expert_workers=2, token_budget=64,
-                  heartbeat_timeout_s=timeout_s, heartbeat_interval_s=0.2) as llm:
+    layout = dict(attention_workers=2, expert_workers=2) if engine == "async" else dict(devices=2)
+    with asap.LLM("tiny-deepseek-v3", engine=engine, token_budget=64, heartbeat_timeout_s=timeout_s,
+                  heartbeat_interval_s=0.2, **layout) as llm:
         assert len(llm.prefill([[1, 2, 3], [4, 5]])) == 2
         futures = [llm.submit([(7 * i + j) % 500 for j in range(1500)]) for i in range(8)]
         time.sleep(0.3)
