@@ -156,3 +156,33 @@ def test_transformers_derived_head_dims_must_agree():
     assert ModelConfig.from_hf(dict(_hf("DeepSeek-V3"), head_dim=64, qk_head_dim=192)).qk_head_dim == 192
     with pytest.raises(ModelLoadError, match="field 'qk_head_dim' = 128 disagrees"):
         ModelConfig.from_hf(dict(_hf("DeepSeek-V3"), qk_head_dim=128))
+
+
+# ours -> transformers' config attribute, for fields a config.json may leave out
+_DEFAULTED = {"deepseek_v3": {"n_group": "n_group", "topk_group": "topk_group", "q_lora_rank": "q_lora_rank",
+                              "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "n_shared_experts",
+                              "rope_interleave": "rope_interleave", "norm_topk_prob": "norm_topk_prob",
+                              "rms_norm_eps": "rms_norm_eps", "max_position_embeddings": "max_position_embeddings"},
+              "qwen3_moe": {"norm_topk_prob": "norm_topk_prob", "rms_norm_eps": "rms_norm_eps",
+                            "max_position_embeddings": "max_position_embeddings", "attention_bias": "attention_bias"},
+              "glm4_moe": {"n_group": "n_group", "topk_group": "topk_group", "qk_norm": "use_qk_norm",
+                           "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "n_shared_experts",
+                           "norm_topk_prob": "norm_topk_prob", "rms_norm_eps": "rms_norm_eps",
+                           "partial_rotary_factor": "partial_rotary_factor", "attention_bias": "attention_bias",
+                           "max_position_embeddings": "max_position_embeddings"}}
+_KEEP = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+         "intermediate_size", "moe_intermediate_size", "num_experts_per_tok", "n_routed_experts", "num_experts",
+         "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim", "rope_theta")
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Qwen3-30B-A3B", "GLM-4.5"])
+def test_absent_fields_take_transformers_defaults(name):
+    transformers = pytest.importorskip("transformers")
+    hf = {k: v for k, v in _hf(name).items() if k in _KEEP}
+    cfg = ModelConfig.from_hf(hf)
+    cls = {"deepseek_v3": transformers.DeepseekV3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
+           "glm4_moe": transformers.Glm4MoeConfig}[hf["model_type"]]
+    theirs = cls(**{k: v for k, v in hf.items() if k != "model_type"})
+    for ours, attr in _DEFAULTED[hf["model_type"]].items():
+        want = theirs.rope_parameters.get(attr) if attr == "partial_rotary_factor" else getattr(theirs, attr)
+        assert getattr(cfg, ours) == want, ours
