@@ -65,3 +65,18 @@ def test_the_simulator_runs_glm45():
     res = {m: simulate(reqs, "async", model_cfg=m, devices=32, token_budget=8192) for m in ("glm-4.5", "deepseek-v3")}
     assert all(r.ok and r.ttft > 0 for r in res["glm-4.5"])
     assert [r.ttft for r in res["glm-4.5"]] != [r.ttft for r in res["deepseek-v3"]]
+
+
+def test_the_glm_preset_runs_on_every_engine_with_the_same_result():
+    import torch
+    import asap
+    prompts = [[5, 6, 7], list(range(1, 400))]
+    outs = {}
+    for engine, kw in (("reference", {}), ("async", dict(attention_workers=1, expert_workers=1, token_budget=128)),
+                       ("sync", dict(devices=2, token_budget=128))):
+        with asap.LLM("tiny-glm4-moe", engine=engine, **kw) as llm:
+            outs[engine] = llm.prefill(prompts)
+    for engine in ("async", "sync"):
+        for a, b in zip(outs[engine], outs["reference"]):
+            assert a.first_token == b.first_token and (a.logits - b.logits).abs().max().item() < 1e-4
+            assert all(torch.allclose(x[k], y[k], atol=1e-5) for x, y in zip(a.kv, b.kv) for k in y)
