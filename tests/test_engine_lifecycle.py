@@ -124,3 +124,16 @@ def test_a_broken_shard_fails_the_constructor_with_one_line(tmp_path, tiny_dirs)
     message = str(info.value)
     assert "\n" not in message and "Traceback" not in message, message
     assert "safetensors" in message, message
+
+
+def test_asap_serve_on_a_broken_shard_exits_2_with_one_line(tmp_path, tiny_dirs):
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_dirs["tiny-deepseek-v3"], broken)
+    shard = next(broken.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    proc = subprocess.run([sys.executable, "-m", "asap.cli", "serve", str(broken), "--engine", "async",
+                           "--attention-workers", "1", "--expert-workers", "1", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "safetensors" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
