@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from asap.sim.calibrate import calibrate
-from asap.sim.experiments import TRACE, at_rate, run_headline, trace_requests
+from asap.sim.experiments import TRACE, at_rate, trace_requests
+from asap.sim.headline import DEFAULT_SLO, WORKLOADS, run_headline
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 
@@ -43,17 +44,18 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
 def add_commands(sub) -> None:
     """headline, calibrate, speed, trace and validate, for `python -m asap.sim` and `asap sim`."""
     from asap.sim.validate import add_parser as add_validate
-    h = sub.add_parser("headline", help="async vs sync SLO-compliant throughput vs device count")
+    h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
-    h.add_argument("--num-requests", type=int, default=None, help="first N trace requests (default 40 per device)")
+    h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
+                   help="names of asap.workload.presets or Mooncake .jsonl / Azure .csv paths")
+    h.add_argument("--num-requests", type=int, default=1500,
+                   help="requests available per workload (each search uses as few as the burst rule allows)")
     h.add_argument("--model", default="deepseek-v3")
     h.add_argument("--hardware", default="cloudmatrix384")
-    h.add_argument("--trace", default=str(TRACE))
-    h.add_argument("--slo-scale", type=float, default=5.0)
-    h.add_argument("--microbatches", default="2", help="async micro-batches: an int or 'adaptive'")
-    h.add_argument("--max-prompt", type=int, default=None, help="clip prompt lengths (sensitivity check)")
+    h.add_argument("--slo", default=DEFAULT_SLO, help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
+    h.add_argument("--slo-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     h.add_argument("--out", default="out/sim_headline")
-    c = sub.add_parser("calibrate", help="sync DeepSeek-V3 on 32 H800 vs DeepSeek's published figure")
+    c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain")
     c.add_argument("--hardware", default="h800")
     c.add_argument("--json", default=None)
     s = sub.add_parser("speed", help="events/s for 10k trace requests at 384 devices")
@@ -73,10 +75,8 @@ def add_commands(sub) -> None:
 
 def run_command(a) -> int:
     if a.cmd == "headline":
-        mb = a.microbatches if a.microbatches == "adaptive" else int(a.microbatches)
-        run_headline(a.devices, a.num_requests, a.model, a.hardware, a.trace, a.slo_scale, a.out,
-                     max_prompt=a.max_prompt, microbatches=mb)
-        print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'}, headline.png, attainment.png")
+        run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests, a.out)
+        print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)
         if a.json:

@@ -38,8 +38,8 @@ class EngineConfig:
     engine: str                         # "sync" | "async"
     attention_tp: int = 1
     token_budget: int = 16384           # tokens per step of one DP group (sync) / replica (async)
-    instances: int = 1                  # sync: independent instances
-    attention_workers: int | None = None    # async: attention replicas A (each attention_tp devices)
+    instances: int = 1                  # independent instances (devices split evenly)
+    attention_workers: int | None = None    # async: attention replicas A per instance (each attention_tp devices)
     microbatches: "int | str" = 2       # async micro-batches per step
     two_batch_overlap: bool = True      # sync
     router: str = "queue-aware"
@@ -47,9 +47,9 @@ class EngineConfig:
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
-                  redundant_experts=self.redundant_experts)
+                  redundant_experts=self.redundant_experts, instances=self.instances)
         if self.engine == "sync":
-            kw.update(instances=self.instances, two_batch_overlap=self.two_batch_overlap)
+            kw.update(two_batch_overlap=self.two_batch_overlap)
         else:
             kw.update(microbatches=self.microbatches)
         return kw
@@ -59,8 +59,10 @@ class EngineConfig:
             per = devices // self.instances
             return (f"sync {self.instances}x[DP{per // self.attention_tp} x TP{self.attention_tp}, EP{per}], "
                     f"chunk {self.token_budget}/group, TBO {'on' if self.two_batch_overlap else 'off'}")
-        E = devices - self.attention_workers * self.attention_tp
-        return (f"async A={self.attention_workers} x TP{self.attention_tp} + E={E}, chunk {self.token_budget}"
+        per = devices // self.instances
+        E = per - self.attention_workers * self.attention_tp
+        inst = f"{self.instances}x" if self.instances > 1 else ""
+        return (f"async {inst}[A={self.attention_workers} x TP{self.attention_tp} + E={E}], chunk {self.token_budget}"
                 f"/replica, k={self.microbatches}")
 
 

@@ -1,0 +1,201 @@
+"""`asap sim headline`: best-tuned sync against best-tuned async (every figure SIMULATED).
+
+For each workload (asap.workload.presets) and device count: both engines are tuned by the same search
+with the same budget (asap.sim.tune) under the same per-request TTFT deadlines (asap.workload.slo), and
+the row prints each engine's best configuration, its SLO-compliant throughput (the highest rate with
+>= 90% of requests within their deadline, from a valid search only), the P90 TTFT at that rate, and the
+ratio. Coarse to fine: the first device count searches each engine's whole space; every larger count
+searches only the best REFINE configurations of each engine from the count before, scaled (sync: the
+same DP group shape, instances of 32; async: the same TP and chunk, A scaled with N) and replicated (as
+N / N_before independent instances, for both engines alike). The ratio is then
+re-measured at other SLO scales for the two best configurations, so its sensitivity to the SLO shows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from asap.bench.metrics import summarize
+from asap.bench.rate_search import burst_limit, find_max_rate
+from asap.cost.hardware import get_hardware
+from asap.sim.experiments import at_rate
+from asap.sim.run import get_model, min_expert_workers, run
+from asap.sim.trace_export import write_trace
+from asap.sim.tune import INSTANCE_DEVICES, REFINE, EngineConfig, space, tune
+from asap.workload.presets import workload_requests
+from asap.workload.slo import parse_slo
+
+LABEL = "SIMULATED"
+WORKLOADS = ("conversation", "synthetic", "fixed-4k")
+DEFAULT_SLO = "2s+1ms/tok"
+
+
+def replicate(c: EngineConfig, devices: int, from_devices: int) -> EngineConfig | None:
+    """The configuration found at `from_devices` as devices / from_devices independent copies of it."""
+    if devices % from_devices:
+        return None
+    return dataclasses.replace(c, instances=c.instances * devices // from_devices)
+
+
+def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardware) -> EngineConfig | None:
+    """A configuration found at `from_devices`, on `devices` devices (None where it does not fit)."""
+    if c.instances > 1 and c.engine == "async":
+        return replicate(c, devices, from_devices)
+    if c.engine == "sync":       # the instance size of asap.sim.tune.space, the same DP group shape
+        per = INSTANCE_DEVICES if devices > INSTANCE_DEVICES and devices % INSTANCE_DEVICES == 0 else devices
+        if per % c.attention_tp:
+            return None
+        return dataclasses.replace(c, instances=devices // per)
+    e_min = min_expert_workers(get_model(model), get_hardware(hardware))
+    a = max(1, round(c.attention_workers * devices / from_devices))
+    a = min(a, (devices - e_min) // c.attention_tp)
+    return dataclasses.replace(c, attention_workers=a) if a >= 1 else None
+
+
+def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1) -> dict:
+    """A valid-or-not rate search for one fixed configuration (the SLO-scale sweep)."""
+    mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
+
+    def measure(rate):
+        res = run(at_rate(requests, rate), c.engine, model, hardware, devices, c.attention_workers, **c.sim_kw())
+        return summarize(res.results)
+    return find_max_rate(measure, lo=lo, tol=tol, max_iters=10, burst_above=burst_limit(len(requests), mean_budget))
+
+
+def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
+                 slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
+                 num_requests: int = 1500, out_dir: "str | Path | None" = "out/sim_headline",
+                 verbose: bool = True, trace_s: float = 2.0) -> dict:
+    """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row)."""
+    t_start = time.perf_counter()
+    base_slo = parse_slo(slo)
+    rows = []
+    for wl in workloads:
+        base = workload_requests(wl, num_requests)
+        reqs = base_slo.apply(base)
+        prev: dict[str, list[EngineConfig]] = {}
+        prev_devices = None
+        for devices in device_counts:
+            row = {"workload": str(wl), "devices": devices}
+            for engine in ("sync", "async"):
+                if prev_devices is None:
+                    cands = None
+                else:
+                    cands = [s for s in (f(c, devices, prev_devices, *extra) for c in prev[engine]
+                                         for f, extra in ((scale_config, (model, hardware)), (replicate, ())))
+                             if s is not None]
+                    cands = list(dict.fromkeys(cands)) or None
+                t = tune(reqs, engine, devices, model, hardware, candidates=cands, verbose=False)
+                ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
+                                key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
+                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:REFINE]] or \
+                    (prev.get(engine) or space(engine, devices, model, hardware))
+                row[engine] = {"config": dataclasses.asdict(t.best) if t.best else None,
+                               "describe": t.best.describe(devices) if t.best else None,
+                               "max_slo_rate": t.max_slo_rate, "ttft_p90_s": t.ttft_p90_s,
+                               "tokens_per_s_per_device": t.tokens_per_s_per_device,
+                               "num_requests": t.num_requests, "num_sims": t.num_sims, "reason": t.reason,
+                               "candidates": t.candidates}
+            prev_devices = devices
+            s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
+            row["ratio"] = a / s if s and a else None
+            row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware)
+            rows.append(row)
+            if verbose:
+                print(format_row(row), flush=True)
+    out = {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(base_slo),
+           "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
+           "rows": rows, "wall_s": time.perf_counter() - t_start}
+    if verbose:
+        print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
+    if out_dir is not None:
+        write_headline(out, out_dir)
+        _write_traces(rows[0], base_slo, workloads[0], num_requests, model, hardware, out_dir, trace_s)
+    return out
+
+
+def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> dict:
+    out = {}
+    for k in slo_scales:
+        if k == 1.0:
+            out[str(k)] = row["ratio"]
+            continue
+        rates = {}
+        for engine in ("sync", "async"):
+            cfg = row[engine]["config"]
+            n = row[engine]["num_requests"] or len(reqs)
+            if cfg is None:
+                rates[engine] = None
+                continue
+            scaled = base_slo.scaled(k).apply(base[:n])
+            lo = (row[engine]["max_slo_rate"] or 0.1) * k
+            found = rate_at(scaled, EngineConfig(**cfg), devices, model, hardware, lo)
+            rates[engine] = found["max_slo_rate"] if found["valid"] else None
+        out[str(k)] = rates["async"] / rates["sync"] if rates["sync"] and rates["async"] else None
+    return out
+
+
+def format_row(row: dict) -> str:
+    def one(e):
+        r = row[e]
+        if r["max_slo_rate"] is None:
+            return f"{e}: no valid rate ({r['reason']})"
+        return (f"{e} {r['max_slo_rate']:.3f} req/s ({r['tokens_per_s_per_device']:.0f} tok/s/device, P90 TTFT "
+                f"{r['ttft_p90_s']:.3g} s) [{r['describe']}]")
+    ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+    scales = ", ".join(f"x{k}: {'n/a' if v is None else f'{v:.2f}x'}" for k, v in row["ratio_by_slo_scale"].items())
+    return (f"[{LABEL}] {row['workload']}, {row['devices']} devices: async/sync = {ratio} (SLO scales {scales})\n"
+            f"[{LABEL}]   {one('sync')}\n[{LABEL}]   {one('async')}")
+
+
+def _write_traces(row, base_slo, workload, num_requests, model, hardware, out_dir, trace_s) -> None:
+    rate = row["async"]["max_slo_rate"]
+    if not rate:
+        return
+    n = row["async"]["num_requests"] or num_requests
+    reqs = at_rate(base_slo.apply(workload_requests(workload, n)), rate)
+    mid = reqs[len(reqs) // 2].arrival
+    for engine in ("sync", "async"):
+        cfg = row[engine]["config"]
+        if cfg is None:
+            continue
+        c = EngineConfig(**cfg)
+        kw = c.sim_kw()
+        kw.pop("instances", None)       # a trace shows one instance
+        devices = row["devices"] // c.instances if engine == "sync" else row["devices"]
+        res = run(reqs[: max(2, len(reqs) // c.instances)] if engine == "sync" else reqs, engine, model, hardware,
+                  devices, c.attention_workers, trace_window=(mid, mid + trace_s), **kw)
+        write_trace(res.spans, Path(out_dir) / f"trace_{engine}_{row['devices']}.json")
+
+
+def write_headline(out: dict, out_dir: "str | Path") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "headline.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, wl in enumerate(out["workloads"]):
+        rows = [r for r in out["rows"] if r["workload"] == wl]
+        devs = [r["devices"] for r in rows]
+        for engine, style in (("sync", "--"), ("async", "-")):
+            ax1.plot(devs, [r[engine]["tokens_per_s_per_device"] or float("nan") for r in rows], "o" + style,
+                     color=f"C{i}", label=f"{wl} {engine}")
+        ax2.plot(devs, [r["ratio"] or float("nan") for r in rows], "o-", color=f"C{i}", label=wl)
+    ax1.set(xscale="log", xlabel="devices", ylabel="SLO-compliant input tokens/s per device",
+            title=f"{LABEL}: best-tuned, {out['model']} on {out['hardware']}")
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    ax2.set(xscale="log", xlabel="devices", ylabel="async / sync (best-tuned each)",
+            title=f"{LABEL}: SLO {out['slo']}")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.minorticks_off()
+        devs = sorted({r["devices"] for r in out["rows"]})
+        ax.set_xticks(devs, [str(x) for x in devs])
+    fig.tight_layout()
+    fig.savefig(d / "headline.png", dpi=120)
+    plt.close(fig)
