@@ -88,7 +88,7 @@ class Checkpoint:
         expected = set(tensor_shapes(cfg))
         for name, f in self.files.items():
             base = name[:-len(SCALE_SUFFIX)] if name.endswith(SCALE_SUFFIX) else name
-            if base in expected:
+            if base in expected or (name == "lm_head.weight" and cfg.tie_word_embeddings):   # tied: unused, as in HF
                 continue
             m = _LAYER.match(name)
             if m and int(m.group(1)) >= cfg.num_layers:          # MTP layers: never read

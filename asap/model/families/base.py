@@ -168,7 +168,8 @@ def parse_common(f: Fields, default_theta: float = 10000.0, norm_topk_prob: bool
     f.require("hidden_act", ("silu",), "silu")
     f.require("pretraining_tp", (1,), 1, "tensor-parallel pretraining slices are not emulated")
     f.get("rope_scaling", None), f.get("rope_parameters", None), f.get("rope_theta", None)
-    dtype = f.get("dtype", None) or f.get("torch_dtype", None)
+    dtype, torch_dtype = f.get("dtype", None), f.get("torch_dtype", None)      # transformers 5, and 4's name
+    dtype = dtype or torch_dtype
     if dtype is not None and dtype not in DTYPES:
         raise f.error("torch_dtype", f"= {describe(dtype)} is not supported (supported: {', '.join(DTYPES)})")
     f.get("quantization_config", None)
