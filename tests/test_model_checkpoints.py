@@ -108,7 +108,7 @@ CASES = {   # name: (preset, config changes, block-FP8)
     "glm4-moe": ("tiny-glm4-moe", {}, False),
     # fields that change the math: attention biases, no q LoRA, no q/k norm (GLM-4.5-Air)
     "deepseek-v3-bias-no-q-lora": ("tiny-deepseek-v3", dict(attention_bias=True, q_lora_rank=None), False),
-    "qwen3-moe-bias": ("tiny-qwen3-moe", dict(attention_bias=True), False),
+    "qwen3-moe-bias-tied": ("tiny-qwen3-moe", dict(attention_bias=True, tie_word_embeddings=True), False),
     "glm4-moe-no-qk-norm": ("tiny-glm4-moe", dict(use_qk_norm=False, partial_rotary_factor=0.25), False),
 }
 
