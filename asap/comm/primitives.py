@@ -53,6 +53,10 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     number of ranks; the only device-to-host copy is one [W + 3] vector (per-rank counts, -1 and bad entries)."""
     T, K = dest.shape
     W, dev = world_size, dest.device
+    if dev.type == "cpu" and T:           # no sync to save here: first the common case, all to one rank
+        lo, hi = torch.aminmax(dest)
+        if lo == hi and 0 <= int(lo) < W:
+            return _to_one(int(lo), T, topk_ids, topk_weights, always_to)
     # Columns: 0 below -1 (an error), 1 "nowhere" (-1), 2..W+1 the ranks, W+2 past the last rank (an error).
     col = (dest + 2).clamp_(0, W + 2)              # add + clamp, no integer division (slow on CPU)
     member = torch.zeros(T, W + 3, dtype=torch.bool, device=dev)
@@ -64,12 +68,7 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     ranks = sorted({r for r in range(W) if counts[r]} | set(always_to))
     live = [r for r in range(W) if counts[r]]
     if len(live) == 1 and counts[live[0]] == T and not nowhere:     # every pair to one rank, as is
-        r = live[0]
-        rows = {q: torch.arange(T, device=dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev)
-                for q in ranks}
-        ids = {q: topk_ids if q == r else topk_ids[:0] for q in ranks}
-        ws = {q: topk_weights if q == r else topk_weights[:0] for q in ranks}
-        return DispatchLayout(rows, ids, ws, whole=r)
+        return _to_one(live[0], T, topk_ids, topk_weights, always_to)
     total = sum(counts)
     flat = member[:, 2:W + 2].t().reshape(-1)                 # rank-major: r * T + t
     if dev.type == "cpu":     # int64 division is slow on a CPU; the counts are on the host already
@@ -87,6 +86,15 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     return DispatchLayout({r: tok[r] if r < W else empty for r in ranks},
                           {r: ids[r] if r < W else topk_ids[:0] for r in ranks},
                           {r: ws[r] if r < W else topk_weights[:0] for r in ranks})
+
+
+def _to_one(r: int, T: int, topk_ids, topk_weights, always_to) -> DispatchLayout:
+    """Every pair goes to rank r: nothing to gather or mask (always_to ranks get 0 rows)."""
+    dev = topk_ids.device
+    ranks = sorted({r} | set(always_to))
+    rows = {q: torch.arange(T, device=dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev) for q in ranks}
+    return DispatchLayout(rows, {q: topk_ids if q == r else topk_ids[:0] for q in ranks},
+                          {q: topk_weights if q == r else topk_weights[:0] for q in ranks}, whole=r)
 
 
 def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
