@@ -7,7 +7,8 @@ Configuration spaces (`space`), the knobs each engine has in deployment:
         independent instances of INSTANCE_DEVICES devices at large N, two-batch overlap on, EPLB
         redundant experts, queue-aware routing;
 - async (ASAP): attention TP per replica (1 / 4), the per-replica chunk (4K or 16K tokens), the A:E split
-        (the cost model's balance point, and 25% more attention replicas), 2 micro-batches.
+        (the cost model's balance point, and 25% more attention replicas, or 20% fewer where memory is
+        full), 2 micro-batches.
 Both spaces hold the same number of candidates. Search: every candidate gets a coarse rate search
 (tol COARSE_TOL); the best REFINE get a fine one (tol FINE_TOL). A candidate's answer counts only if its
 search is valid (asap.bench.rate_search: converged, not a burst). Each candidate simulates the first n
@@ -89,7 +90,10 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
             except ValueError:
                 continue
             a_max = (devices - e_min) // tp
-            for a in sorted({a0, min(a_max, max(a0 + 1, math.ceil(a0 * 1.25)))}):
+            alt = max(a0 + 1, math.ceil(a0 * 1.25))          # more replicas, or fewer where memory says no
+            if alt > a_max:
+                alt = min(a0 - 1, math.floor(a0 * 0.8))
+            for a in sorted({a0, alt} if alt >= 1 else {a0}):
                 out.append(EngineConfig("async", tp, budget, attention_workers=a))
     return out
 
@@ -144,7 +148,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
         sims += 1
         n = len(requests)
-        while n > 64 and burst_of(n // 2) >= 1.5 * cap:
+        while n > 64 and burst_of(n // 2) >= (start or cap):
             n //= 2
         lo = min(start or 0.5 * cap, 0.5 * burst_of(n))
         while True:

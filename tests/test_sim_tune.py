@@ -1,0 +1,59 @@
+"""The tuner and the rate search it stands on: the same search for both engines, configurations that
+run as they say, and no maximum reported from a burst or a search that did not converge."""
+import pytest
+
+from asap.bench.rate_search import burst_limit, find_max_rate
+from asap.scheduler.request import Request
+from asap.sim.run import run
+from asap.sim.tune import EngineConfig, space, tune
+from asap.workload.slo import SLO
+
+SMALL = dict(model="small-deepseek-v3", hardware="h800")
+RUN = dict(model_cfg="small-deepseek-v3", hardware="h800")
+
+
+def test_a_search_that_passes_up_to_the_burst_limit_reports_no_maximum():
+    out = find_max_rate(lambda r: {"slo_attainment": 1.0}, lo=1.0, burst_above=5.0)
+    assert not out["valid"] and "burst" in out["reason"] and max(r for r, _ in out["points"]) == 5.0
+    capped = find_max_rate(lambda r: {"slo_attainment": 1.0 if r <= 3.0 else 0.0}, lo=1.0, tol=0.05, burst_above=5.0)
+    assert capped["valid"] and 2.85 <= capped["max_slo_rate"] <= 3.0
+    stopped = find_max_rate(lambda r: {"slo_attainment": 1.0}, lo=1.0, max_iters=3)
+    assert not stopped["valid"] and "converge" in stopped["reason"]
+    assert burst_limit(101, 2.0) == pytest.approx(5.0)      # 100 gaps over 10 x 2 s
+
+
+def test_both_spaces_hold_the_same_number_of_candidates():
+    for devices in (32, 64):
+        sync = space("sync", devices, "deepseek-v3", "cloudmatrix384")
+        asyn = space("async", devices, "deepseek-v3", "cloudmatrix384", 12000)
+        assert len(sync) == len(asyn) == 8
+        assert {c.attention_tp for c in sync} == {1, 4, 8, 16} and {c.attention_tp for c in asyn} == {1, 4}
+        assert all(c.instances == devices // 32 for c in sync)
+
+
+def test_instances_split_the_arrivals_and_serve_every_request():
+    reqs = [Request(i, 2000, 0.001 * i) for i in range(40)]
+    one = run(reqs, "sync", devices=8, instances=1, **RUN)
+    two = run(reqs, "sync", devices=8, instances=2, **RUN)
+    assert [r.request_id for r in two.results] == [r.id for r in reqs] and all(r.ttft > 0 for r in two.results)
+    assert two.stats["instances"] == 2 and len(two.stats["per_instance"]) == 2
+    assert one.attention_workers == 8 and two.attention_workers == 8
+    with pytest.raises(ValueError, match="instances"):
+        run(reqs, "sync", devices=8, instances=3, **RUN)
+
+
+def test_tune_returns_a_valid_best_and_its_table():
+    reqs = SLO(0.005, 1e-6).apply([Request(i, 1000 + 500 * (i % 7), 0.01 * i) for i in range(120)])
+    for engine in ("sync", "async"):
+        t = tune(reqs, engine, 4, **SMALL)
+        assert t.best is not None and t.best.engine == engine and t.max_slo_rate > 0 and t.ttft_p90_s > 0
+        assert len(t.candidates) == len(space(engine, 4, **SMALL, prompt_len=2500))
+        assert max(c["fine_rate"] or 0 for c in t.candidates) == t.max_slo_rate
+    with pytest.raises(ValueError, match="deadlines"):
+        tune([Request(0, 100)], "sync", 4, **SMALL)
+
+
+def test_engine_config_keywords_reach_the_engine():
+    c = EngineConfig("sync", attention_tp=4, token_budget=8192)
+    res = run([Request(0, 3000)], "sync", devices=8, **RUN, **c.sim_kw())
+    assert res.attention_workers == 2 and res.expert_workers == 8       # DP2 x TP4, EP8
