@@ -4,7 +4,6 @@ turns unhealthy, and restart() brings it back. A long legitimate compute step is
 import multiprocessing as mp
 import os
 import signal
-import threading
 import time
 from types import SimpleNamespace
 
