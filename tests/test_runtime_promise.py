@@ -7,6 +7,7 @@
 
 Behaviour, not timings: orders of completion and ratios between runs of the same machine.
 """
+import os
 import time
 
 import pytest
@@ -75,3 +76,31 @@ def test_two_micro_batches_hide_the_expert_round_trip():
     overlapped, control = _stall_fraction(2), _stall_fraction(1)
     assert overlapped < 0.10, f"k=2 stall fraction {overlapped:.3f} (k=1: {control:.3f})"
     assert overlapped < 0.6 * control, f"k=2 stall fraction {overlapped:.3f} vs k=1 {control:.3f}: no overlap"
+
+
+def _cpu_seconds(pids) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])          # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads CPU time from /proc")
+@pytest.mark.timeout(120)
+def test_idle_sync_ranks_block_instead_of_polling():
+    """Four idle ranks used to exchange 12 barrier flags every 2 ms. Now they block: over 2 s of idleness
+    all four together use under 5% of one core (a 2 ms poll alone costs more), and the next request
+    is still served."""
+    with asap.LLM("tiny-deepseek-v3", engine="sync", devices=4, **EMULATED) as llm:
+        llm.submit(num_tokens=8).result(timeout=60)
+        pids = [p.pid for p in llm.engine.cluster.procs.values()]
+        time.sleep(0.5)
+        c0, t0 = _cpu_seconds(pids), time.monotonic()
+        time.sleep(2.0)
+        used = (_cpu_seconds(pids) - c0) / (time.monotonic() - t0)
+        assert used < 0.05, f"idle ranks used {100 * used:.1f}% of a core"
+        assert llm.submit(num_tokens=8).result(timeout=30) is not None
