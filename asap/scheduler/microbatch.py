@@ -93,7 +93,8 @@ class AdaptiveDepth:
 
     While one micro-batch waits for its experts (round trip R), the others run
     attention (time A each); ceil(R/A) others plus itself keep the replica busy.
-    Both times are smoothed by an EMA; k is clamped to [min_k, max_k].
+    Both times are smoothed by an EMA; k is clamped to [min_k, max_k]. Engines do not build one
+    directly: asap.pipeline.depth.StepDepth holds the one rule (bounds, once-per-step updates).
     """
 
     def __init__(self, min_k: int = 2, max_k: int = 4, alpha: float = 0.2):
