@@ -75,3 +75,21 @@ def test_plan_cli_prints_a_simulated_table_and_writes_every_candidate(tmp_path, 
     data = json.loads(out.read_text())
     assert [c["attention_workers"] for c in data["candidates"]] == [1, 2, 3]
     assert data["best"]["max_slo_rate"] == max(c["max_slo_rate"] for c in data["candidates"])
+
+
+def test_best_configs_tunes_both_engines_for_the_demo(tmp_path):
+    import json as _json
+
+    import numpy as np
+
+    from asap.sim.plan import best_configs
+    rng = np.random.default_rng(1)
+    trace = tmp_path / "t.jsonl"
+    times = np.cumsum(rng.exponential(100.0, 120)).astype(int)
+    trace.write_text("".join(_json.dumps({"timestamp": int(t), "input_length": int(n), "output_length": 1}) + "\n"
+                             for t, n in zip(times, rng.integers(500, 6000, 120))))
+    out = best_configs("small-deepseek-v3", "h800", 4, str(trace), "0.005s+0.001ms/tok", 120)
+    for engine in ("sync", "async"):
+        cfg, res = out[engine], out["results"][engine]
+        assert cfg is not None and cfg.engine == engine and res.max_slo_rate > 0
+        assert {"attention_tp", "token_budget", "instances"} <= set(cfg.sim_kw())

@@ -70,6 +70,9 @@ def test_make_router_names_and_unknown_name():
     assert isinstance(make_router("least-requests"), LeastRequestsRouter)
     assert isinstance(make_router("least-tokens"), LeastTokensRouter)
     assert isinstance(make_router(), QueueAwareRouter)
+    # the peers' defaults by name: SGLang round-robin over DP ranks, vLLM least-loaded engine
+    assert isinstance(make_router("sglang"), RoundRobinRouter)
+    assert isinstance(make_router("vllm"), LeastRequestsRouter)
     with pytest.raises(ValueError, match="round-robin.*queue-aware"):
         make_router("random")
 

@@ -89,10 +89,15 @@ class QueueAwareRouter:
         return min(loads, key=lambda l: (max(now, l.busy_until) + self.queue_cost(l), l.index)).index
 
 
-ROUTERS = ("round-robin", "least-requests", "least-tokens", "queue-aware")
+ROUTERS = ("round-robin", "least-requests", "least-tokens", "queue-aware", "sglang", "vllm")
+# The peers' defaults: SGLang's DP-attention scheduler sends requests round-robin over the DP ranks
+# (--load-balance-method round_robin); vLLM's data-parallel front end picks the least loaded engine by
+# its queued + running requests.
+DEFAULTS = {"sglang": "round-robin", "vllm": "least-requests"}
 
 
 def make_router(name: str = "queue-aware", cost: CostFn | None = None) -> Router:
+    name = DEFAULTS.get(name, name)
     if name == "round-robin":
         return RoundRobinRouter()
     if name == "least-requests":

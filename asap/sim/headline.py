@@ -105,6 +105,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             rows.append(row)
             if verbose:
                 print(format_row(row), flush=True)
+            if out_dir is not None:      # partial results survive an interrupted run
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                (Path(out_dir) / "headline.partial.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     out = {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(base_slo),
            "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
            "rows": rows, "wall_s": time.perf_counter() - t_start}
