@@ -71,3 +71,21 @@ def test_slots_outlive_timeouts_and_engine_failures_are_5xx(tiny_dirs):
     assert counts == {"ok": 0, "invalid": 0, "rejected": 2, "unavailable": 0, "failed": 2, "timeout": 1}
     assert 'asap:num_requests_running{model_name="m"} 0.0' in metrics
     assert 'asap:num_requests_waiting{model_name="m"} 0.0' in metrics
+
+
+def test_an_unexpected_error_is_still_an_openai_shaped_500(tiny_dirs):
+    cfg = ModelConfig.from_dir(tiny_dirs["tiny-deepseek-v3"])
+    llm = ScriptedLLM(cfg)
+
+    async def run():
+        app = create_app(llm, ServerConfig(), "m")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                                     base_url="http://t") as client:
+            task = asyncio.create_task(client.post("/v1/completions", json={"prompt": [1, 2], "temperature": 1}))
+            while not llm.futures:
+                await asyncio.sleep(0.01)
+            llm.futures[0].set_result(PrefillOutput(3, torch.full((cfg.vocab_size,), float("nan")), [], 2))
+            return await task              # sampling from NaN logits fails inside the server
+
+    r = asyncio.run(run())
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"

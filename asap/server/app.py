@@ -65,6 +65,10 @@ def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastA
     async def http_error(request, e: HTTPException):
         return _error(ApiError(e.status_code, str(e.detail), headers=getattr(e, "headers", None)))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request, e: Exception):      # a bug of ours: still OpenAI's shape, never a bare 500 page
+        return _error(ApiError(500, f"internal error: {type(e).__name__}", kind="server_error"))
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e):
         return _error(ApiError(400, "invalid request"))
