@@ -15,6 +15,7 @@ JSON schema "asap-sim-hardware/1":
      "dispatch_bytes": float,          # bytes per activation element sent to the experts
      "combine_bytes": float,           # ... and sent back
      "comm_compute_share": float,      # fraction of compute lost to comm kernels while they overlap it
+     "comm_contention": float (optional), # fraction of link rate lost while comm overlaps compute
      "gemm_tile_m": int,               # grouped-GEMM row tile (padding per expert)
      "ops": {OP: {"flops_per_s": float, "bytes_per_s": float, "overhead_s": float,
                   "overlap": bool (optional, default true)}, ...},
