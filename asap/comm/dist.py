@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from asap.comm.headers import Header
-from asap.comm.transport import (ENVELOPE_BYTES, CommTimeout, Message, Rows, Transport, TransportSpec,
+from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport, TransportSpec,
                                  as_bytes, nbytes, pack_envelope, unpack_envelope)
 
 ENV_TAG, DATA_TAG = 0, 1
@@ -201,6 +201,7 @@ class DistTransport(Transport):
     def _recv_loop(self, src: int) -> None:
         group = self._data_group(src, self.rank)
         envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8)
+        pool = BufferPool() if self.device.type == "cpu" else None   # GPU: the caching allocator reuses
         while True:
             dist.irecv(envelope, src, group=self._ctrl, tag=ENV_TAG).wait(_IDLE_WAIT)
             header, layout = unpack_envelope(envelope.numpy())
@@ -211,7 +212,8 @@ class DistTransport(Transport):
                 return                                   # the peer closed; nothing more will come
             tensors = []
             for dtype, shape in layout:
-                buf = torch.empty(nbytes(dtype, shape), dtype=torch.uint8, device=self.device)
+                n = nbytes(dtype, shape)
+                buf = pool.take(torch.uint8, (n,)) if pool else torch.empty(n, dtype=torch.uint8, device=self.device)
                 if buf.numel():
                     dist.irecv(buf, src, group=group, tag=DATA_TAG).wait()
                 tensors.append(buf.view(dtype).reshape(shape))
