@@ -61,7 +61,9 @@ def generation_defaults(model_dir) -> dict:
     return {k: cfg[k] for k in ("temperature", "top_p", "top_k") if isinstance(cfg, dict) and k in cfg}
 
 
-def _get(req, name, kind, default, check=None, why=""):
+def field(req, name, kind, default, check=None, why=""):
+    """req[name] checked to be of `kind` (int, float or bool; JSON true is no int) and to pass `check`;
+    missing or null -> default; else a 400 saying what `name` must be."""
     value = req.get(name)
     if value is None:
         return default
@@ -81,11 +83,11 @@ def refuse_unhonourable(req: dict, extra: dict | None = None) -> None:
 
 
 def parse_sampling(req: dict, defaults: dict) -> Sampling:
-    t = _get(req, "temperature", float, defaults.get("temperature", 1.0), lambda v: 0 <= v <= 100, "a number >= 0")
-    top_p = _get(req, "top_p", float, defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "a number in (0, 1]")
-    top_k = _get(req, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "-1, 0 (off) or a positive int")
-    min_p = _get(req, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]")
-    seed = _get(req, "seed", int, None, lambda v: -2**63 <= v < 2**64, "a 64-bit integer")
+    t = field(req, "temperature", float, defaults.get("temperature", 1.0), lambda v: 0 <= v <= 100, "a number >= 0")
+    top_p = field(req, "top_p", float, defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "a number in (0, 1]")
+    top_k = field(req, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "-1, 0 (off) or a positive int")
+    min_p = field(req, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    seed = field(req, "seed", int, None, lambda v: -2**63 <= v < 2**64, "a 64-bit integer")
     bias = req.get("logit_bias")
     if bias is not None:
         try:
@@ -101,23 +103,23 @@ def parse_common(req: dict, defaults: dict, max_tokens_names=("max_tokens",)) ->
     refuse_unhonourable(req)
     max_tokens = 1
     for name in max_tokens_names:
-        max_tokens = _get(req, name, int, max_tokens, lambda v: v >= 0, "a non-negative integer")
+        max_tokens = field(req, name, int, max_tokens, lambda v: v >= 0, "a non-negative integer")
     if max_tokens > 1:
         raise ApiError(400, f"max_tokens={max_tokens}: this server runs prefill only (max_tokens 0 or 1); decode "
                             "runs elsewhere, from the KV cache that kv_transfer_params hands off",
                        param=max_tokens_names[-1])
-    min_tokens = _get(req, "min_tokens", int, 0, lambda v: v >= 0, "a non-negative integer")
+    min_tokens = field(req, "min_tokens", int, 0, lambda v: v >= 0, "a non-negative integer")
     if min_tokens > max_tokens:
         raise ApiError(400, f"min_tokens={min_tokens} is more than max_tokens={max_tokens}", param="min_tokens")
-    n = _get(req, "n", int, 1, lambda v: 1 <= v <= MAX_N, f"an integer in 1..{MAX_N}")
-    stream = _get(req, "stream", bool, False)
+    n = field(req, "n", int, 1, lambda v: 1 <= v <= MAX_N, f"an integer in 1..{MAX_N}")
+    stream = field(req, "stream", bool, False)
     options = req.get("stream_options")
     if options is not None and not stream:
         raise ApiError(400, "`stream_options` needs `stream: true`", param="stream_options")
     if options is not None and not isinstance(options, dict):
         raise ApiError(400, "`stream_options` must be an object", param="stream_options")
-    include_usage = _get(options or {}, "include_usage", bool, False)
-    _get(options or {}, "continuous_usage_stats", bool, False)
+    include_usage = field(options or {}, "include_usage", bool, False)
+    field(options or {}, "continuous_usage_stats", bool, False)
     return Common(max_tokens, n, stream, include_usage, parse_sampling(req, defaults), _keep_kv(req))
 
 
@@ -125,19 +127,19 @@ def _keep_kv(req: dict) -> bool:
     params = req.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
         raise ApiError(400, "`kv_transfer_params` must be an object", param="kv_transfer_params")
-    do_remote_decode = _get(params or {}, "do_remote_decode", bool, False)
+    do_remote_decode = field(params or {}, "do_remote_decode", bool, False)
     if (params or {}).get("do_remote_prefill"):
         raise ApiError(400, "kv_transfer_params.do_remote_prefill: this server is the prefill side; it does not "
                             "pull KV from elsewhere", param="kv_transfer_params")
-    return do_remote_decode or _get(req, "return_kv", bool, False)
+    return do_remote_decode or field(req, "return_kv", bool, False)
 
 
 def parse_logprobs(req: dict, name: str, kind=int) -> int | None:
     """Completions: logprobs=k (int). Chat: logprobs=true + top_logprobs=k."""
     if kind is int:
-        return _get(req, name, int, None, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")
-    if not _get(req, "logprobs", bool, False):
+        return field(req, name, int, None, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")
+    if not field(req, "logprobs", bool, False):
         if req.get("top_logprobs"):
             raise ApiError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         return None
-    return _get(req, "top_logprobs", int, 0, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")
+    return field(req, "top_logprobs", int, 0, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in 0..{MAX_LOGPROBS}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asap.server.chat import check_messages
-from asap.server.params import Common, _get, parse_common, parse_logprobs, refuse_unhonourable
+from asap.server.params import Common, field, parse_common, parse_logprobs, refuse_unhonourable
 from asap.server.protocol import ApiError, check_model, checked_ids, is_int, load_json, tokenize_text
 
 
@@ -70,7 +70,7 @@ def parse_completion(body: bytes, ctx: Context) -> Job:
     req = load_json(body)
     check_model(req, ctx.model_name)
     common = parse_common(req, ctx.defaults)
-    echo = _get(req, "echo", bool, False)
+    echo = field(req, "echo", bool, False)
     logprobs = parse_logprobs(req, "logprobs")
     refuse_unhonourable(req, {"prompt_logprobs": None})
     prompts, texts = _prompts(req.get("prompt"), ctx)
@@ -87,7 +87,7 @@ def parse_chat(body: bytes, ctx: Context) -> Job:
     common = parse_common(req, ctx.defaults, ("max_tokens", "max_completion_tokens"))
     logprobs = parse_logprobs(req, "top_logprobs", kind=bool)
     messages = check_messages(req.get("messages"))
-    add_generation_prompt = _get(req, "add_generation_prompt", bool, True)
+    add_generation_prompt = field(req, "add_generation_prompt", bool, True)
     kwargs = req.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
         raise ApiError(400, "`chat_template_kwargs` must be an object of named values", param="chat_template_kwargs")

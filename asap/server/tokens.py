@@ -6,7 +6,7 @@ max_position_embeddings x longest-token bytes cannot fit and is refused without 
 from __future__ import annotations
 
 from asap.server.chat import check_messages
-from asap.server.params import _get
+from asap.server.params import field
 from asap.server.protocol import ApiError, check_model, checked_ids, is_int, load_json, tokenize_text
 
 MIN_TOKEN_BYTES = 4          # an unknown character (one <unk> token) can be up to 4 UTF-8 bytes
@@ -34,14 +34,14 @@ def tokenize(body: bytes, ctx) -> dict:
         if ctx.chat_template is None:
             raise ApiError(400, "this model has no chat template", param="messages")
         text = ctx.chat_template.render(check_messages(req["messages"]),
-                                        _get(req, "add_generation_prompt", bool, True), {})
+                                        field(req, "add_generation_prompt", bool, True), {})
         param = "messages"
     else:
         text, param = req.get("prompt"), "prompt"
         if not isinstance(text, str):
             raise ApiError(400, "`prompt` must be a string (or send `messages`)", param="prompt")
     ids = tokenize_text(text, ctx.tokenizer, ctx.text_byte_cap, param,
-                        _get(req, "add_special_tokens", bool, param == "prompt"))
+                        field(req, "add_special_tokens", bool, param == "prompt"))
     return {"count": len(ids), "max_model_len": ctx.cfg.max_position_embeddings, "tokens": ids}
 
 
