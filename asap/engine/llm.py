@@ -16,7 +16,19 @@ from asap.engine.validate import check_prompt
 from asap.model.materialize import resolve_model
 
 ENGINES = ("reference", "async", "sync")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("auto", *_DTYPES)     # vLLM's --dtype: auto = the checkpoint's torch_dtype (float32 when it names none)
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """"auto"/None -> None (the engine takes the checkpoint's torch_dtype); a name or torch.dtype -> torch.dtype."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def _make_engine(name: str, model_dir, dtype, device, **kw):
@@ -30,18 +42,21 @@ def _make_engine(name: str, model_dir, dtype, device, **kw):
 
 
 class LLM:
-    def __init__(self, model: str = "tiny-deepseek-v3", engine: str = "reference", dtype: str = "float32",
+    """dtype "auto" (default, as vLLM): the checkpoint's torch_dtype, float32 when config.json names none
+    (the presets are float32). On CPU bfloat16 is correct but slow; pass dtype="float32" to override.
+    The dtype the engine runs in is `llm.dtype`."""
+
+    def __init__(self, model: str = "tiny-deepseek-v3", engine: str = "reference", dtype: str | None = "auto",
                  device: str = "cpu", **engine_kwargs):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        asked = parse_dtype(dtype)
         emulated = engine_kwargs.get("compute") == "emulated" or \
             getattr(engine_kwargs.get("runtime"), "compute", None) == "emulated"
         self.model_dir = resolve_model(model, config_only=emulated)
         self.emulated = emulated
         self.engine_name = engine
         self._ids = itertools.count()
-        self.engine = _make_engine(engine, self.model_dir, _DTYPES[dtype], torch.device(device), **engine_kwargs)
-        self.cfg = self.engine.cfg
+        self.engine = _make_engine(engine, self.model_dir, asked, torch.device(device), **engine_kwargs)
+        self.cfg, self.dtype = self.engine.cfg, self.engine.dtype
 
     def submit(self, prompt=None, deadline: float | None = None, *, num_tokens: int | None = None,
                prompt_logprobs: int | None = None) -> Future:

@@ -21,6 +21,7 @@ from asap.config import ModelConfig, RuntimeConfig
 from asap.engine.errors import EngineClosed, EngineUnavailable, EngineUnhealthy  # noqa: F401 - re-exported
 from asap.engine.layout import build_layout, replica_cost
 from asap.engine.output import PrefillOutput, PromptLogprobs
+from asap.model.loader import runtime_dtype
 from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.scheduler.request import Request
@@ -32,15 +33,17 @@ from asap.workers.spans import fractions
 
 
 class RuntimeEngine:
-    def __init__(self, model_dir, mode: str = "async", dtype=torch.float32, device=torch.device("cpu"),
+    def __init__(self, model_dir, mode: str = "async", dtype=None, device=torch.device("cpu"),
                  runtime: RuntimeConfig | None = None, send_kv: bool = True, **overrides):
         rt = dataclasses.replace(runtime or RuntimeConfig(), **overrides)
         self.mode, self.runtime = mode, rt
         self.cfg = ModelConfig.from_dir(model_dir)
+        # dtype None: the checkpoint's torch_dtype, resolved once here so every worker gets the same name.
+        self.dtype = runtime_dtype(self.cfg, dtype)
         self.emulated = rt.compute == "emulated"
         self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
-        self._layout_args = (self.cfg, rt, mode, str(model_dir), str(dtype).removeprefix("torch."), str(device),
-                             send_kv)
+        self._layout_args = (self.cfg, rt, mode, str(model_dir), str(self.dtype).removeprefix("torch."),
+                             str(device), send_kv)
         self.placement: Placement | None = None          # None: the layout's default
         self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
         cost = replica_cost(self.cfg, rt)

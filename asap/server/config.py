@@ -11,7 +11,8 @@ ENGINES = ("async", "sync", "reference")
 @dataclass(frozen=True)
 class ServerConfig:
     engine: str = _f("async", "engine behind the server: async, sync or reference")
-    dtype: str = _f("float32", "model dtype: float32 or bfloat16")
+    dtype: str = _f("auto", "model dtype: auto (the checkpoint's torch_dtype; float32 when it names none), "
+                            "float32, bfloat16 or float16")
     device: str = _f("cpu", "torch device of the workers")
     host: str = _f("127.0.0.1", "address to listen on")
     port: int = _f(8000, "port to listen on (0 = any free port; the chosen one is printed)")
