@@ -202,3 +202,17 @@ def write_headline(out: dict, out_dir: "str | Path") -> None:
     fig.tight_layout()
     fig.savefig(d / "headline.png", dpi=120)
     plt.close(fig)
+
+
+def merge_headlines(dirs, out_dir: "str | Path") -> dict:
+    """One headline (JSON + plot) from runs that each covered some workloads (e.g. run in parallel)."""
+    parts = [json.loads((Path(d) / "headline.json").read_text()) for d in dirs]
+    if not parts:
+        raise ValueError("nothing to merge")
+    keys = {(p["model"], p["hardware"], p["slo"]) for p in parts}
+    if len(keys) != 1:
+        raise ValueError(f"headlines to merge differ in model / hardware / SLO: {sorted(keys)}")
+    out = dict(parts[0], workloads=[w for p in parts for w in p["workloads"]], rows=[r for p in parts for r in p["rows"]],
+               wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs])
+    write_headline(out, out_dir)
+    return out
