@@ -178,3 +178,19 @@ def test_api_key_guards_every_endpoint_but_health(model_dir, tmp_path):
             openai.OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0).models.list()
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
         assert good.completions.create(model=str(model_dir), prompt=IDS, max_tokens=1).usage.prompt_tokens == len(IDS)
+
+
+def test_a_batchs_short_prompt_streams_before_its_long_one_finishes(model_dir, tmp_path):
+    """Prompts of a batch are prefilled concurrently (two replicas here) and each choice's chunk leaves
+    the moment its first token exists: the short prompt's chunk does not wait for the long one."""
+    args = [str(model_dir), "--engine", "async", "--attention-workers", "2", "--expert-workers", "1"]
+    long_prompt = [(7 * i) % 500 for i in range(4000)]
+    with ServerProcess(args, tmp_path / "server.log") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        client.completions.create(model=str(model_dir), prompt=[IDS, IDS], max_tokens=1)          # warm-up
+        start, arrivals = time.perf_counter(), []
+        for chunk in client.completions.create(model=str(model_dir), prompt=[long_prompt, IDS[:3]], max_tokens=1,
+                                               stream=True):
+            arrivals.append((chunk.choices[0].index, time.perf_counter() - start))
+    assert [i for i, _ in arrivals] == [1, 0], arrivals
+    assert arrivals[0][1] < 0.5 * arrivals[1][1], arrivals
