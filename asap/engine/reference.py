@@ -11,6 +11,7 @@ from concurrent.futures import Future
 
 import torch
 
+from asap.engine.errors import EngineClosed
 from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.model.batch import Batch, Chunk, KVCache
 from asap.model.loader import load_attention_side, load_expert_shard, runtime_dtype
@@ -57,6 +58,8 @@ class ReferenceEngine:
 
     def submit(self, request_id: int, prompt: list[int], deadline: float | None = None,
                prompt_logprobs: int | None = None) -> Future:
+        if self._closed:
+            raise EngineClosed()
         fut: Future = Future()
         self._queue.put((request_id, prompt, fut, prompt_logprobs))
         return fut
@@ -84,7 +87,7 @@ class ReferenceEngine:
 
     def healthy(self) -> bool:
         if self._closed:
-            raise RuntimeError("engine is closed")
+            raise EngineClosed()
         return self._thread.is_alive()
 
     def close(self) -> None:
@@ -92,3 +95,7 @@ class ReferenceEngine:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        while not self._queue.empty():          # submitted while closing: fail them rather than leave them waiting
+            item = self._queue.get()
+            if item is not None:
+                item[2].set_exception(EngineClosed())

@@ -13,6 +13,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from asap.engine.errors import EngineClosed
 from asap.engine.runtime import EngineUnhealthy
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.server import responses as R
@@ -107,8 +108,23 @@ class PrefillService:
             self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
         yield DONE
 
+    def _engine_healthy(self) -> bool:
+        """A closed engine raises EngineClosed from healthy(): it is simply not healthy."""
+        try:
+            return self.supervisor.healthy
+        except EngineClosed:
+            return False
+
+    @staticmethod
+    def _closed(e: EngineClosed) -> ApiError:
+        return ApiError(503, f"engine unavailable: {e}", kind="unavailable_error", headers=RETRY, outcome="unavailable")
+
     def _submit_all(self, job: Job) -> list[asyncio.Future]:
-        if not self.supervisor.healthy:
+        try:
+            healthy = self.supervisor.healthy
+        except EngineClosed as e:           # closed (shutting down, or by its owner): 503, never a 500
+            raise self._closed(e) from None
+        if not healthy:
             raise ApiError(503, f"engine unhealthy: {self.supervisor.reason or self.supervisor.why()}",
                            kind="unavailable_error", headers=RETRY, outcome="unavailable")
         waits = []
@@ -119,6 +135,9 @@ class PrefillService:
             try:
                 k = job.prompt_logprobs
                 future = self.llm.submit(ids) if k is None else self.llm.submit(ids, prompt_logprobs=k)
+            except EngineClosed as e:       # closed since the health check
+                self.admission.release()
+                raise self._closed(e) from None
             except BaseException:
                 self.admission.release()
                 raise
@@ -208,7 +227,7 @@ class PrefillService:
     # ---- live state -----------------------------------------------------------------------------
     def health(self) -> dict:
         sup = self.supervisor
-        ok = sup.healthy
+        ok = self._engine_healthy()
         return {"status": "ok" if ok else "unhealthy" if sup.status == "ok" else sup.status,
                 "reason": "" if ok else sup.reason or sup.why(), "engine": self.llm.engine_name,
                 "model": self.model_name, "restarts": sup.num_restarts, "pending": self.admission.num_pending,
@@ -221,7 +240,7 @@ class PrefillService:
         num_running = min(running(), self.admission.num_pending) if callable(running) else self.admission.num_pending
         return {"running": num_running, "waiting": self.admission.num_pending - num_running,
                 "queue_capacity": self.admission.capacity,
-                "healthy": self.supervisor.healthy, "restarts": self.supervisor.num_restarts,
+                "healthy": self._engine_healthy(), "restarts": self.supervisor.num_restarts,
                 "kv_bytes": self.kv_store.num_bytes, "kv_entries": len(self.kv_store),
                 "kv_stored": self.kv_store.num_stored, "kv_claimed": self.kv_store.num_claimed,
                 "kv_evicted": dict(self.kv_store.num_evicted), "workers": self._worker_fractions()}
