@@ -34,18 +34,22 @@ def test_a_bfloat16_checkpoint_runs_in_bfloat16_by_default_and_float32_overrides
         assert 0 < (x.logits - y.logits).abs().max().item() < 0.5        # bf16 rounding: different, but close
 
 
+LAYOUTS = {"async": dict(attention_workers=1, expert_workers=1), "sync": dict(devices=2)}
+
+
 @pytest.mark.timeout(300)
-def test_the_async_workers_get_the_checkpoint_dtype(bf16_dir):
-    """The KV comes back from the attention workers: its dtype is what they loaded and computed in."""
+@pytest.mark.parametrize("engine", LAYOUTS)
+def test_the_workers_get_the_checkpoint_dtype(bf16_dir, engine):
+    """The KV comes back from the attention workers (sync ranks): its dtype is what they loaded and computed in."""
     with asap.LLM(str(bf16_dir), engine="reference") as ref:
         want = ref.prefill(PROMPTS)
-    with asap.LLM(str(bf16_dir), engine="async", attention_workers=1, expert_workers=1) as llm:
+    with asap.LLM(str(bf16_dir), engine=engine, **LAYOUTS[engine]) as llm:
         assert llm.dtype == torch.bfloat16
         got = [f.result(timeout=240) for f in [llm.submit(p) for p in PROMPTS]]
     for g, w in zip(got, want):
         assert g.kv[0]["kv_latent"].dtype == torch.bfloat16
         assert (g.logits - w.logits).abs().max().item() < 0.1     # same bf16 math, other batching
-    with asap.LLM(str(bf16_dir), engine="async", attention_workers=1, expert_workers=1, dtype="float32") as llm:
+    with asap.LLM(str(bf16_dir), engine=engine, dtype="float32", **LAYOUTS[engine]) as llm:
         assert llm.dtype == torch.float32
         assert llm.prefill(PROMPTS[:1])[0].kv[0]["kv_latent"].dtype == torch.float32
 
@@ -55,6 +59,7 @@ def test_presets_stay_float32_and_bad_dtypes_are_refused():
         assert llm.dtype == torch.float32
     assert parse_dtype("auto") is None and parse_dtype(None) is None
     assert parse_dtype(torch.bfloat16) == torch.bfloat16 and parse_dtype("float16") == torch.float16
+    assert parse_dtype("half") == torch.float16 and parse_dtype("float") == torch.float32      # vLLM's aliases
     for bad in ("float8", "fp32", torch.int8, 32):
         with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16"):
             parse_dtype(bad)

@@ -18,6 +18,7 @@ from asap.model.materialize import resolve_model
 ENGINES = ("reference", "async", "sync")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPES = ("auto", *_DTYPES)     # vLLM's --dtype: auto = the checkpoint's torch_dtype (float32 when it names none)
+_ALIASES = {"float": "float32", "half": "float16"}     # vLLM's spellings
 
 
 def parse_dtype(dtype) -> torch.dtype | None:
@@ -26,8 +27,8 @@ def parse_dtype(dtype) -> torch.dtype | None:
         return None
     if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
         return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
+    if isinstance(dtype, str) and _ALIASES.get(dtype, dtype) in _DTYPES:
+        return _DTYPES[_ALIASES.get(dtype, dtype)]
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
@@ -43,7 +44,9 @@ def _make_engine(name: str, model_dir, dtype, device, **kw):
 
 class LLM:
     """dtype "auto" (default, as vLLM): the checkpoint's torch_dtype, float32 when config.json names none
-    (the presets are float32). On CPU bfloat16 is correct but slow; pass dtype="float32" to override.
+    (the presets are float32). Unlike vLLM, whose auto runs a float32 checkpoint in float16 on a GPU, a float32
+    checkpoint stays float32: it is the exactness baseline. On CPU bfloat16 is correct but slow; pass
+    dtype="float32" to override.
     The dtype the engine runs in is `llm.dtype`."""
 
     def __init__(self, model: str = "tiny-deepseek-v3", engine: str = "reference", dtype: str | None = "auto",
