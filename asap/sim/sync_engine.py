@@ -130,34 +130,30 @@ class SyncEngine(EngineBase):
             elif isinstance(a, Wait):
                 j, layer = a.mb, a.layer
                 must = next(i for i, key in enumerate(keys) if (key["layer"], key["mb"]) == (layer, j))
-                cfree = self._serve(keys, must, cfree, total, now, trace)
-                while combined < len(keys) and not np.isnan(keys[combined]["served"]).any():
-                    key = keys[combined]
-                    start = max(float(key["served"].max()), comm)
-                    comm = start + lat + max(biggest[key["mb"]], total[key["mb"]] * key["share"]) * top_k \
-                        * self.comb_copy
-                    key["combined"] = comm
-                    combined += 1
-                    if trace:
-                        self.span("network", 0, f"combine L{key['layer']} mb{key['mb']}", now + start, now + comm)
-                ready[j] = np.full(N, keys[must]["combined"])
-                pipe.combined(j, layer, keys[must]["combined"])
+                cfree = self._serve(keys, must, cfree, total, -np.inf, now, trace)      # up to (L, j): all ranks
+                comm, combined = self._combine(keys, combined, comm, biggest, total, now, trace)
+                back = keys[must]["combined"]
+                # While (L, j)'s combine is on its way, a rank serves later all-to-alls whose dispatch is in.
+                cfree = self._serve(keys, must, cfree, total, back, now, trace)
+                comm, combined = self._combine(keys, combined, comm, biggest, total, now, trace)
+                ready[j] = np.full(N, back)
+                pipe.combined(j, layer, back)
             else:
                 pipe.finish()
                 return float(max(max(r.max() for r in ready), cfree.max()))
 
-    def _serve(self, keys: list[dict], must: int, cfree, total, now: float, trace: bool):
+    def _serve(self, keys: list[dict], must: int, cfree, total, until: float, now: float, trace: bool):
         """Each rank runs its expert shard for every all-to-all up to keys[must] it has not served, then,
-        in order, for later ones whose dispatch is complete by the time its compute stream is free."""
+        in order, for later ones whose dispatch completed by `until` (what AllToAll.combine does while
+        it waits for a combine)."""
         cost, prev_done = self.cost, np.ones(len(cfree), dtype=bool)
         for i, key in enumerate(keys):
             todo = np.isnan(key["served"])
             if i > must:
-                todo &= prev_done & (key["dispatched"] <= cfree)
+                todo &= prev_done & (key["dispatched"] <= until)
             if todo.any():
                 start = np.maximum(cfree, key["dispatched"])
-                end = start + cost.expert_seconds(cost.moe_index[key["layer"]],
-                                                  float(total[key["mb"]]), self.shares)
+                end = start + cost.expert_seconds(cost.moe_index[key["layer"]], float(total[key["mb"]]), self.shares)
                 cfree = np.where(todo, end, cfree)
                 key["served"] = np.where(todo, end, key["served"])
                 if trace:
@@ -165,6 +161,19 @@ class SyncEngine(EngineBase):
                                       np.where(todo, start, 0.0), np.where(todo, end, 0.0))
             prev_done = ~np.isnan(key["served"])
         return cfree
+
+    def _combine(self, keys: list[dict], combined: int, comm: float, biggest, total, now: float, trace: bool):
+        """Put the combine of every all-to-all that all ranks have served on the comm stream, in order."""
+        lat, top_k = self.cost.hw.link.latency_s, self.model.top_k
+        while combined < len(keys) and not np.isnan(keys[combined]["served"]).any():
+            key = keys[combined]
+            start = max(float(key["served"].max()), comm)
+            comm = start + lat + max(biggest[key["mb"]], total[key["mb"]] * key["share"]) * top_k * self.comb_copy
+            key["combined"] = comm
+            combined += 1
+            if trace:
+                self.span("network", 0, f"combine L{key['layer']} mb{key['mb']}", now + start, now + comm)
+        return comm, combined
 
     def _trace_ranks(self, kind: str, name: str, now: float, start, end) -> None:
         for r in range(min(self.trace_ranks, self.num_ranks)):
