@@ -13,8 +13,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from asap.engine.errors import EngineClosed
-from asap.engine.runtime import EngineUnhealthy
+from asap.engine.errors import EngineClosed, EngineUnavailable
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.server import responses as R
 from asap.server.admission import Admission
@@ -31,7 +30,6 @@ from asap.server.supervisor import Supervisor
 from asap.server.tokens import text_byte_cap
 
 RETRY = {"Retry-After": "1"}
-RETRIABLE = ("EngineUnhealthy", "EngineUnavailable", "EngineClosed")   # 503: retry (elsewhere, or after restart)
 
 
 class PrefillService:
@@ -169,7 +167,7 @@ class PrefillService:
             raise ApiError(503, f"overloaded: {e}", kind="overloaded_error", headers=RETRY,
                            outcome="rejected") from None
         except Exception as e:  # noqa: BLE001 - the engine's error, reported to the client
-            if isinstance(e, EngineUnhealthy) or getattr(e, "retriable", False) or type(e).__name__ in RETRIABLE:
+            if isinstance(e, (EngineUnavailable, EngineClosed)):    # retry after the restart, or elsewhere
                 retry = {"Retry-After": str(getattr(e, "retry_after_s", 1))}
                 raise ApiError(503, f"request failed: {e}", kind="unavailable_error", headers=retry,
                                outcome="failed") from None
