@@ -71,16 +71,18 @@ class Replica:
         return len(self.scheduler) > 0
 
     # ---- a step ----------------------------------------------------------------------------------
-    def plan(self, now: float, k: int, exact_k: bool = False) -> tuple[dict[int, int], list[MicroBatch]]:
-        """Schedule the next step and split it into micro-batches (exactly k, some empty, if exact_k)."""
+    def plan(self, now: float, k: int) -> tuple[dict[int, int], list[MicroBatch]]:
+        """Schedule the next step and split it into at most k micro-batches (none if nothing is queued)."""
         schedule = self.scheduler.schedule(now) if self.has_work else {}
         starts = {rid: self.scheduler.get(rid).num_computed for rid in schedule}
         for rid in (rid for rid, start in starts.items() if start == 0):
             self.results.put(Started(rid, self.index, now))
         groups = split_microbatches(schedule, starts, k) if schedule else []
-        if exact_k:
-            groups = groups + [[] for _ in range(k - len(groups))]
         return schedule, [self._microbatch(g) for g in groups]
+
+    def empty_microbatch(self) -> MicroBatch:
+        """A micro-batch of no tokens (the sync baseline's idle ranks still take part in every all-to-all)."""
+        return self._microbatch([])
 
     def _microbatch(self, chunks) -> MicroBatch:
         batch = Batch.build(chunks, self.compute.device)
@@ -94,11 +96,6 @@ class Replica:
         return MicroBatch(batch, self.compute.embed(ids), finishing)
 
     def attention(self, mb: MicroBatch, layer: int) -> StageOut:
-        if mb.batch.num_tokens == 0:     # sync baseline: an idle rank still takes part with an empty batch
-            K = self.compute.cfg.top_k
-            empty = torch.zeros(0, K, device=mb.h.device)
-            return StageOut(h=mb.h, x=mb.h if self.compute.cfg.moe_layers[layer] else None,
-                            topk_ids=empty.long() if self.compute.cfg.moe_layers[layer] else None, topk_weights=empty)
         s = self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
         if s.topk_ids is not None:
             ids = s.topk_ids.reshape(-1)          # index_add_, not bincount: no host sync on a GPU

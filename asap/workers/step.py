@@ -11,9 +11,10 @@ import time
 from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 
 
-def run_step(ctx, replica, mbs: list, exchange) -> StepPipeline:
+def run_step(ctx, replica, mbs: list, exchange, attend=None) -> StepPipeline:
     """Run every micro-batch of `mbs` through every layer; mb.h ends as the last layer's output.
-    Raises asap.comm.CommTimeout if the experts do not answer within ctx.comm_timeout_s."""
+    attend(replica, mb, layer) -> StageOut defaults to replica.attention. Raises asap.comm.CommTimeout
+    if the experts do not answer within ctx.comm_timeout_s."""
     compute = replica.compute
     pipe = StepPipeline(len(mbs), compute.cfg.moe_layers)
     outs, residual = {}, {}
@@ -24,7 +25,7 @@ def run_step(ctx, replica, mbs: list, exchange) -> StepPipeline:
             mb = mbs[a.mb]
             with ctx.spans.span("compute"):
                 t0 = time.monotonic()
-                s = replica.attention(mb, a.layer)
+                s = attend(replica, mb, a.layer) if attend else replica.attention(mb, a.layer)
                 took = time.monotonic() - t0
             if s.x is None:
                 mb.h = s.h

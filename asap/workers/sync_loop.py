@@ -17,9 +17,12 @@ from __future__ import annotations
 import threading
 import time
 
+import torch
+
 from asap.comm import CommTimeout, Mailbox
 from asap.comm.headers import barrier as barrier_flag
 from asap.comm.loopback import Loopback
+from asap.model.stages import StageOut
 from asap.workers.exchange import AllToAll
 from asap.workers.messages import Wake
 from asap.workers.replica import Replica
@@ -51,10 +54,11 @@ def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool):
             step += 1
             sent = idle_wait(ctx, replica, mailbox, transport, ranks, step)
             continue
-        schedule, mbs = replica.plan(time.monotonic(), k, exact_k=True)
+        schedule, mbs = replica.plan(time.monotonic(), k)
+        mbs += [replica.empty_microbatch() for _ in range(k - len(mbs))]    # every rank runs all k
         exchange.begin_step(step)
         try:
-            run_step(ctx, replica, mbs, exchange)
+            run_step(ctx, replica, mbs, exchange, attend=_attend)
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
         except CommTimeout as e:
@@ -62,6 +66,17 @@ def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool):
             replica.fail(list(schedule), f"a rank did not reach the all-to-all: {e}")
         step += 1
         ctx.flush()
+
+
+def _attend(replica, mb, layer: int) -> StageOut:
+    """The replica's attention stage; an empty micro-batch (an idle rank) still brings an empty dispatch."""
+    if mb.batch.num_tokens:
+        return replica.attention(mb, layer)
+    cfg = replica.compute.cfg
+    if not cfg.moe_layers[layer]:
+        return StageOut(h=mb.h)
+    empty = torch.zeros(0, cfg.top_k, device=mb.h.device)
+    return StageOut(h=mb.h, x=mb.h, topk_ids=empty.long(), topk_weights=empty)
 
 
 def barrier(mailbox, transport, ranks, step: int, has_work: bool, timeout: float, send: bool = True) -> dict:
