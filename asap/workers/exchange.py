@@ -36,6 +36,9 @@ class _Stamped:
     def send(self, dst, header, tensors):
         self.transport.send(dst, replace(header, epoch=self.epoch), tensors)
 
+    def __getattr__(self, name):          # everything else is the transport's own
+        return getattr(self.transport, name)
+
 
 class PointToPoint:
     def __init__(self, transport, mailbox, dest, replica: int, spans):
