@@ -28,9 +28,6 @@ semaphore the transport posts after each write adds a full barrier as well.
 """
 from __future__ import annotations
 
-import ctypes
-import mmap
-
 import numpy as np
 import torch
 
@@ -38,7 +35,6 @@ CTRL_BYTES = 192
 ALIGN = 64
 _WRITE, _READ, _WAITING = 0, 8, 16     # uint64 word indices, 64 bytes apart
 _SKIP = -1                             # size word of "nothing more before the end of the buffer"
-_MADV_POPULATE_WRITE = 23              # Linux >= 5.14: map every page now, contents untouched
 
 
 def padded(n: int, align: int = 8) -> int:
@@ -59,18 +55,6 @@ class Ring:
                                                     # a sliced memoryview would pin the mapping open)
         self._reserved: tuple[int, int] | None = None     # (record position, record bytes)
         self._peeked: int | None = None                   # record bytes of the body peek() returned
-
-    def populate(self) -> bool:
-        """Fault the data pages into this process now, so the first laps of the ring do not pay a
-        page fault per 4 KiB inside a send (a 60 MB message: ~3x its memcpy). Safe while the peer
-        is using the ring: nothing is written. False where the kernel cannot."""
-        start = self.data.data_ptr() & ~(mmap.PAGESIZE - 1)
-        length = self.data.data_ptr() + self.capacity - start
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0
-        except (OSError, AttributeError):
-            return False
 
     @staticmethod
     def segment_bytes(capacity: int) -> int:

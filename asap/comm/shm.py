@@ -153,7 +153,6 @@ class ShmTransport(Transport):
                 shm = shared_memory.SharedMemory(name=spec.segment_name((s, d)))
                 self._segments.append(shm)
                 ring = Ring(shm.buf, spec.ring_bytes)
-                ring.populate()
                 if s == rank:
                     self._out[d] = ring
                 else:
