@@ -8,7 +8,9 @@ ratio. Coarse to fine: the first device count searches each engine's whole space
 searches only the best REFINE configurations of each engine from the count before, scaled (sync: the
 same DP group shape, instances of 32; async: the same TP and chunk, A scaled with N) and replicated (as
 N / N_before independent instances, for both engines alike). The ratio is then
-re-measured at other SLO scales for the two best configurations, so its sensitivity to the SLO shows.
+re-measured at other SLO scales (at the first device count) for the two best configurations, so its
+sensitivity to the SLO shows. Each later count starts its rate search from the earlier count's rate
+scaled by N / N_before, and refines one configuration per engine.
 """
 from __future__ import annotations
 
@@ -87,10 +89,14 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                                          for f, extra in ((scale_config, (model, hardware)), (replicate, ())))
                              if s is not None]
                     cands = list(dict.fromkeys(cands)) or None
-                t = tune(reqs, engine, devices, model, hardware, candidates=cands, verbose=False)
+                hint = None
+                if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
+                    hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
+                t = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
+                         refine=REFINE if prev_devices is None else 1)
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
-                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:REFINE]] or \
+                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
                     (prev.get(engine) or space(engine, devices, model, hardware))
                 row[engine] = {"config": dataclasses.asdict(t.best) if t.best else None,
                                "describe": t.best.describe(devices) if t.best else None,
@@ -101,22 +107,30 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
-            row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware)
+            # the SLO-scale sweep at the first device count (its cost grows with N)
+            first = devices == device_counts[0]
+            row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales if first else (1.0,),
+                                                devices, model, hardware)
             rows.append(row)
             if verbose:
                 print(format_row(row), flush=True)
             if out_dir is not None:      # partial results survive an interrupted run
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
-                (Path(out_dir) / "headline.partial.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
-    out = {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(base_slo),
-           "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
-           "rows": rows, "wall_s": time.perf_counter() - t_start}
+                part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True)
+                (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
+    out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
         write_headline(out, out_dir)
         _write_traces(rows[0], base_slo, workloads[0], num_requests, model, hardware, out_dir, trace_s)
     return out
+
+
+def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False) -> dict:
+    return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
+            "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
+            "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial}
 
 
 def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> dict:
@@ -206,13 +220,17 @@ def write_headline(out: dict, out_dir: "str | Path") -> None:
 
 def merge_headlines(dirs, out_dir: "str | Path") -> dict:
     """One headline (JSON + plot) from runs that each covered some workloads (e.g. run in parallel)."""
-    parts = [json.loads((Path(d) / "headline.json").read_text()) for d in dirs]
+    def read(d):
+        done, part = Path(d) / "headline.json", Path(d) / "headline.partial.json"
+        return json.loads((done if done.is_file() else part).read_text())
+    parts = [read(d) for d in dirs]
     if not parts:
         raise ValueError("nothing to merge")
     keys = {(p["model"], p["hardware"], p["slo"]) for p in parts}
     if len(keys) != 1:
         raise ValueError(f"headlines to merge differ in model / hardware / SLO: {sorted(keys)}")
     out = dict(parts[0], workloads=[w for p in parts for w in p["workloads"]], rows=[r for p in parts for r in p["rows"]],
-               wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs])
+               wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs],
+               partial=any(p.get("partial") for p in parts))
     write_headline(out, out_dir)
     return out

@@ -114,8 +114,9 @@ class Tuned:
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
          candidates: list[EngineConfig] | None = None, target: float = TARGET, zipf: float = 0.0,
-         verbose: bool = False) -> Tuned:
-    """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices."""
+         start_rate: float | None = None, refine: int = REFINE, verbose: bool = False) -> Tuned:
+    """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
+    start_rate: where the first search starts (req/s; default: from a closed batch)."""
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("tune needs requests with deadlines (asap.workload.slo.SLO.apply)")
     prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
@@ -143,10 +144,13 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         return burst_limit(n, sum(r.deadline - r.arrival for r in requests[:n]) / n)
 
     rows = []
-    start = None
+    start = start_rate
     for c in cands:
-        cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
-        sims += 1
+        if start is None:
+            cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
+            sims += 1
+        else:
+            cap = 2 * start
         n = len(requests)
         while n > 64 and burst_of(n // 2) >= (start or cap):
             n //= 2
@@ -161,7 +165,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         if found["valid"]:
             start = max(start or 0.0, found["max_slo_rate"])
     ranked = sorted((r for r in rows if r["coarse"]["valid"]), key=lambda r: -r["coarse"]["max_slo_rate"])
-    for r in ranked[:REFINE]:
+    for r in ranked[:refine]:
         lo, n = r["coarse"]["max_slo_rate"], r["n"]
         r["fine"] = find_max_rate(measure_for(r["config"], n), target=target, lo=lo, hi=lo * (1 + COARSE_TOL),
                                   tol=FINE_TOL, max_iters=8, burst_above=burst_of(n))
