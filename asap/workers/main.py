@@ -120,7 +120,9 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
     if spec.device == "cuda":       # started by torchrun (remote experts): LOCAL_RANK names our GPU
         spec.device = worker_device("cuda", int(os.environ.get("LOCAL_RANK", spec.rank)))
     if spec.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(spec.device))    # before anything touches a GPU
+        gpu = torch.device(spec.device)
+        torch.cuda.set_device(gpu)                          # before anything touches a GPU
+        os.environ["LOCAL_RANK"] = str(gpu.index)           # the NCCL transport picks the same GPU
     ctx = WorkerContext(spec, control, results, stop)
     transport = None
     try:
