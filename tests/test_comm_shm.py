@@ -201,12 +201,14 @@ def test_segments_of_a_killed_process_group_are_swept_at_the_next_start(tmp_path
         names = proc.stdout.readline().split()
         assert len(names) == 6 and all(n.startswith(f"asap{proc.pid}_") for n in names)
         assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        theirs = [n for n in os.listdir("/dev/shm") if f"asap{proc.pid}_" in n]
+        assert len(theirs) == 6 + 2 * 3                                  # and two semaphores per rank
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)     # no cleanup runs: the segments leak until the next start
+        os.killpg(proc.pid, signal.SIGKILL)     # no cleanup runs: everything leaks until the next start
         proc.wait(30)
     spec = ShmTransportSpec(2, ring_bytes=4096)
     try:
-        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+        assert not [n for n in os.listdir("/dev/shm") if f"asap{proc.pid}_" in n]
         assert all(os.path.exists(f"/dev/shm/{spec.segment_name(p)}") for p in spec.pairs)   # ours stay
     finally:
         spec.cleanup()
@@ -251,3 +253,23 @@ def test_records_never_straddle_the_end_of_the_ring():
     off, n = reader.peek()
     assert off == 64 and n >= 300
     writer.close(), reader.close()
+
+
+def test_named_semaphore_counts_times_out_and_pickles_by_name():
+    import pickle
+    from asap.comm.semaphore import NamedSemaphore
+    name = f"/asap{os.getpid()}_{'0' * 8}_d99"
+    sem = NamedSemaphore(name, create=True)
+    try:
+        t0 = time.monotonic()
+        assert not sem.acquire(timeout=0.1) and time.monotonic() - t0 >= 0.09
+        assert not sem.acquire(block=False)
+        other = pickle.loads(pickle.dumps(sem))            # another handle on the same semaphore
+        other.release(), other.release()
+        assert sem.acquire(block=False) and sem.acquire(timeout=1.0) and not sem.acquire(block=False)
+        with pytest.raises(FileExistsError):
+            NamedSemaphore(name, create=True)
+    finally:
+        NamedSemaphore.unlink(name)
+    with pytest.raises(FileNotFoundError):
+        NamedSemaphore(name)

@@ -5,7 +5,7 @@ per allowed directed (src, dst) pair in POSIX shared memory plus two
 semaphores per rank, before any worker starts. The spec is pickled into each
 spawned worker, which attaches to the rings it sends or receives on by name.
 
-Wake-ups go through semaphores:
+Wake-ups go through named POSIX semaphores (semaphore.py):
   data[r]  counts messages published to rank r and not yet taken; recv waits on it.
   space[r] wakes rank r when it sleeps on a full ring and the receiver frees space.
 A receiver polls data[r] for up to _SPIN_S (yielding the CPU between tries)
@@ -17,14 +17,14 @@ rows straight from the activations, see transport.Rows) into the ring in place;
 the receiver copies the body out once, into a pooled buffer (transport.BufferPool),
 and hands out views of it.
 
-Segment names carry the creating process's pid (asap<pid>_<token>_<src>_<dst>); a
-new spec first unlinks segments whose creator is dead, so a SIGKILL of the whole
-process group (no cleanup ran) leaks nothing past the next start.
+Segment and semaphore names carry the creating process's pid
+(asap<pid>_<token>_<src>_<dst>, sem.asap<pid>_<token>_d<rank> / _s<rank>); a new
+spec first unlinks those whose creator is dead, so a SIGKILL of the whole process
+group (no cleanup ran) leaks nothing past the next start.
 """
 from __future__ import annotations
 
 import ctypes
-import multiprocessing as mp
 import os
 import re
 import secrets
@@ -36,6 +36,7 @@ import torch
 
 from asap.comm.headers import Header
 from asap.comm.ring import ALIGN, Ring, padded
+from asap.comm.semaphore import NamedSemaphore
 from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport,
                                  TransportSpec, check_tensors, nbytes, pack_envelope_into, unpack_envelope)
 
@@ -46,12 +47,12 @@ _SPACE_NAP_S = 0.002
 # How long a receiver polls before it sleeps on its semaphore.
 _SPIN_S = 100e-6
 _SHM_DIR = "/dev/shm"
-_NAME = re.compile(r"asap(\d+)_[0-9a-f]{8}_\d+_\d+")
+_NAME = re.compile(r"(?:sem\.)?asap(\d+)_[0-9a-f]{8}_(?:\d+_\d+|[ds]\d+)")
 _ENV = padded(ENVELOPE_BYTES, ALIGN)
 
 
 def sweep_dead_segments(shm_dir: str = _SHM_DIR) -> list[str]:
-    """Unlink the ring segments whose creating process is gone; returns their names."""
+    """Unlink the ring segments and semaphores whose creating process is gone; returns their names."""
     try:
         names = os.listdir(shm_dir)
     except OSError:
@@ -80,8 +81,8 @@ def _alive(pid: int) -> bool:
 
 
 class ShmTransportSpec(TransportSpec):
-    """Allocates the rings; pass it to spawned workers (it pickles only while spawning,
-    because semaphores can only be inherited). Call cleanup() once the workers exit."""
+    """Allocates the rings and semaphores; pass it to the workers (it pickles by name).
+    Call cleanup() once the workers exit."""
 
     def __init__(self, world_size: int, ring_bytes: int = 64 << 20,
                  pairs: list[tuple[int, int]] | None = None, send_timeout: float = 30.0):
@@ -100,11 +101,13 @@ class ShmTransportSpec(TransportSpec):
         self.send_timeout = send_timeout
         sweep_dead_segments()
         self.prefix = f"asap{os.getpid()}_{secrets.token_hex(4)}"
-        ctx = mp.get_context("spawn")   # spawn-style semaphores keep a name children can open
-        self._data = tuple(ctx.Semaphore(0) for _ in range(world_size))
-        self._space = tuple(ctx.Semaphore(0) for _ in range(world_size))
         self._owned: list[shared_memory.SharedMemory] = []
+        self._owned_sems: list[str] = []
+        self._data: tuple[NamedSemaphore, ...] = ()
+        self._space: tuple[NamedSemaphore, ...] = ()
         try:
+            self._data = tuple(self._semaphore(f"d{r}") for r in range(world_size))
+            self._space = tuple(self._semaphore(f"s{r}") for r in range(world_size))
             for pair in self.pairs:   # fresh POSIX shm is zero-filled: both positions start at 0
                 self._owned.append(shared_memory.SharedMemory(
                     name=self.segment_name(pair), create=True, size=Ring.segment_bytes(self.ring_bytes)))
@@ -115,9 +118,15 @@ class ShmTransportSpec(TransportSpec):
     def segment_name(self, pair: tuple[int, int]) -> str:
         return f"{self.prefix}_{pair[0]}_{pair[1]}"
 
+    def _semaphore(self, tag: str) -> NamedSemaphore:
+        name = f"/{self.prefix}_{tag}"
+        sem = NamedSemaphore(name, create=True)
+        self._owned_sems.append(name)
+        return sem
+
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_owned"] = []    # only the launcher owns (and unlinks) the segments
+        state["_owned"], state["_owned_sems"] = [], []   # only the launcher owns (and unlinks) them
         return state
 
     def __repr__(self):
@@ -135,6 +144,8 @@ class ShmTransportSpec(TransportSpec):
                 shm.unlink()
             except FileNotFoundError:
                 pass
+        while self._owned_sems:
+            NamedSemaphore.unlink(self._owned_sems.pop())
 
 
 class ShmTransport(Transport):
