@@ -50,10 +50,14 @@ class NamedSemaphore:
         self.__init__(state["name"])
 
     def release(self) -> None:
+        if not self._sem:
+            raise ValueError(f"semaphore {self.name} is closed")
         if _libc.sem_post(self._sem):
             raise _fail("sem_post", self.name)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        if not self._sem:
+            raise ValueError(f"semaphore {self.name} is closed")
         if not block or (timeout is not None and timeout <= 0):
             if _libc.sem_trywait(self._sem) == 0:
                 return True

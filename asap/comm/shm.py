@@ -144,6 +144,9 @@ class ShmTransportSpec(TransportSpec):
                 shm.unlink()
             except FileNotFoundError:
                 pass
+        if self._owned_sems:
+            for sem in self._data + self._space:    # the owner's handles: nobody waits on them any more
+                sem.close()
         while self._owned_sems:
             NamedSemaphore.unlink(self._owned_sems.pop())
 
