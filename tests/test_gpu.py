@@ -74,7 +74,7 @@ def test_expert_worker_takes_dtype_and_device_from_its_flags(tiny):
     spec = remote_spec(ap.parse_args(base + ["--transport", "gloo", "--dtype", "bfloat16"]))
     assert (spec.role, spec.rank, spec.dtype, spec.device) == ("expert", 2, "bfloat16", "cpu")
     spec = remote_spec(ap.parse_args(base + ["--transport", "nccl"]))
-    assert (spec.dtype, spec.device) == ("float32", "cuda")        # resolved to cuda:$LOCAL_RANK at start
+    assert (spec.dtype, spec.device) == ("float32", "cuda")        # auto: the checkpoint's; cuda:$LOCAL_RANK at start
     with pytest.raises(ValueError, match="--device must be"):
         remote_spec(ap.parse_args(base + ["--transport", "gloo", "--device", "tpu"]))
 

@@ -41,8 +41,8 @@ def register(sub):
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="preset name or HF model directory (same as the engine's)")
     p.add_argument("--index", type=int, default=None, help="expert worker index (default: $RANK from torchrun)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="weights and activations; must match the engine's (asap.LLM dtype)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights and activations, as the engine's (asap.LLM dtype; auto: the checkpoint's)")
     p.add_argument("--device", default=None,
                    help="cpu, cuda (this process's GPU: cuda:$LOCAL_RANK) or cuda:N; "
                         "default cuda with --transport nccl, else cpu")
@@ -55,6 +55,7 @@ def remote_spec(args):
     from asap.cli import config_from_args
     from asap.config import ModelConfig, RuntimeConfig
     from asap.engine.layout import build_layout
+    from asap.model.loader import runtime_dtype
     from asap.model.materialize import resolve_model
     rt = config_from_args(RuntimeConfig, args, remote_experts=True)
     model_dir = resolve_model(args.model, config_only=rt.compute == "emulated")
@@ -64,7 +65,9 @@ def remote_spec(args):
     device = args.device or ("cuda" if rt.transport == "nccl" else "cpu")
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    layout = build_layout(ModelConfig.from_dir(model_dir), rt, "async", str(model_dir), args.dtype, "cpu", False)
+    cfg = ModelConfig.from_dir(model_dir)
+    dtype = str(runtime_dtype(cfg, None if args.dtype == "auto" else args.dtype)).removeprefix("torch.")
+    layout = build_layout(cfg, rt, "async", str(model_dir), dtype, "cpu", False)
     # "cuda" stays unresolved here: worker_main picks cuda:$LOCAL_RANK once it runs.
     return dataclasses.replace(layout.remote[index], device=device)
 
