@@ -10,7 +10,7 @@ import sys
 COMMANDS = [
     "asap.model.cli",        # make-model
     "asap.bench.cli",        # bench
-    "asap.bench.demo",       # demo
+    "asap.demo.cli",         # demo
     "asap.workers.remote",   # expert-worker (remote experts under torchrun)
     "asap.scheduler.cli",    # plan, ablation
     "asap.sim.cli",          # sim, profile

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from asap.bench.metrics import RequestResult
 from asap.bench.report import SPAN_KINDS, check_spans
@@ -70,4 +71,45 @@ def plot_timeline(spans: list[dict], path: str | Path) -> None:
     ax.set(xlabel="time (s)", title="worker timeline")
     ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in SPAN_KINDS],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(SPAN_KINDS))
+    _save(fig, path)
+
+
+def plot_demo(runs: dict[str, tuple[list[RequestResult], list[dict]]], path: str | Path, title: str) -> None:
+    """The demo's figure: TTFT CDFs (TTFT in seconds, and TTFT / the request's SLO budget) on top, then
+    one worker timeline per run (label -> (results, spans)), so stalls show as red."""
+    check_spans([s for _, spans in runs.values() for s in spans])
+    rows = [len({s["worker"] for s in spans}) for _, spans in runs.values()]
+    fig = Figure(figsize=(11, 3.6 + 0.16 * sum(rows) + 0.8 * len(rows)), layout="constrained")
+    grid = fig.add_gridspec(1 + len(runs), 2, height_ratios=[3.2] + [0.16 * r + 0.8 for r in rows])
+    cdf, budget = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    for label, (results, _) in runs.items():
+        n = max(len(results), 1)
+        ttft = np.sort([r.ttft for r in results if r.ok])
+        cdf.step(ttft, np.arange(1, len(ttft) + 1) / n, where="post", label=label)
+        used = np.sort([r.ttft / r.deadline_s for r in results if r.ok and r.deadline_s])
+        budget.step(used, np.arange(1, len(used) + 1) / n, where="post", label=label)
+    budget.axvline(1.0, color="k", linestyle="--", linewidth=1, label="SLO")
+    cdf.set(xlabel="TTFT (s)", ylabel="fraction of requests", ylim=(0, 1.02), title="TTFT CDF")
+    budget.set(xlabel="TTFT / the request's SLO budget (1 = just in time)", ylim=(0, 1.02),
+               title="SLO budget used (CDF)", xscale="log")
+    budget.xaxis.set_major_formatter(ScalarFormatter())
+    budget.xaxis.set_minor_formatter(NullFormatter())
+    for ax in (cdf, budget):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    end = max((s["end"] for _, spans in runs.values() for s in spans), default=1.0)
+    for i, (label, (_, spans)) in enumerate(runs.items()):
+        ax = fig.add_subplot(grid[1 + i, :])
+        workers = sorted({s["worker"] for s in spans}, key=lambda w: (w.rstrip("0123456789"),
+                                                                      int(w[len(w.rstrip("0123456789")):] or 0)))
+        for row, worker in enumerate(workers):
+            for kind in SPAN_KINDS:
+                bars = [(s["start"], s["end"] - s["start"]) for s in spans if s["worker"] == worker and s["kind"] == kind]
+                if bars:
+                    ax.broken_barh(bars, (row - 0.45, 0.9), facecolors=KIND_COLORS[kind])
+        ax.set_yticks(range(len(workers)), workers, fontsize=6)
+        ax.invert_yaxis()
+        ax.set(xlim=(0, end), title=f"{label}: worker timeline (green compute, red stall, grey idle)")
+    fig.axes[-1].set_xlabel("wall time (s)")
+    fig.suptitle(title)
     _save(fig, path)

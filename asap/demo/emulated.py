@@ -1,0 +1,102 @@
+"""EMULATED: a DeepSeek-V3 cluster as real worker processes, compute timed from the cost model.
+
+Every device is a worker process; requests, dispatch/combine and the sync barrier are real messages
+over shared memory. Only the compute is replaced: each op waits for the time the cost model gives for
+a CloudMatrix384-like die (`compute="emulated"`, `hardware="cloudmatrix384"`), stretched by `dilation`
+so that this CPU's own overheads stay small against it (figures are reported in emulated-hardware time).
+
+Both engines run in their best-tuned configuration for this workload and cluster, from the tuner
+(asap/demo/tuning.py: asap.sim.tune, restricted to what the runtime can emulate).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from asap.bench.cli import Run
+from asap.bench.metrics import summarize
+from asap.bench.targets import EngineTarget
+from asap.config import RuntimeConfig
+from asap.demo.settings import DemoSettings, demo_requests
+from asap.demo.tuning import tuned_configs
+
+def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
+    """The runtime configuration of a tuned EngineConfig, with emulated compute."""
+    common = dict(compute="emulated", hardware=s.hardware, dilation=s.dilation, token_budget=c.token_budget,
+                  router=c.router, redundant_experts=c.redundant_experts or 0, comm_timeout_s=120.0)
+    if c.engine == "sync":
+        return RuntimeConfig(devices=devices, attention_workers=1, expert_workers=devices - 1,
+                             microbatches=2 if c.two_batch_overlap else 1, **common)
+    adaptive = c.microbatches == "adaptive"
+    return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=devices - c.attention_workers,
+                         devices=devices, microbatches=2 if adaptive else int(c.microbatches),
+                         adaptive_depth=adaptive, **common)
+
+
+def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:
+    t0 = time.monotonic()
+    tuned = tuned_configs(s, s.devices, emulatable_only=True, retune=retune)
+    requests = demo_requests(s, s.devices, s.num_requests, s.rate)
+    out = {"devices": s.devices, "model": s.model, "hardware": s.hardware, "dilation": s.dilation,
+           "num_requests": len(requests), "rate": s.rate, "tuned": tuned["tuning"],
+           "tuned_source": tuned["source"],
+           "tune_s": time.monotonic() - t0, "engines": {}}
+    runs = []
+    for engine in ("sync", "async"):
+        runtime = runtime_for(tuned[engine], s, s.devices)
+        log(f"EMULATED: {engine}: starting {s.devices} worker processes ({tuned[engine].describe(s.devices)})")
+        target = EngineTarget(engine, s.model, runtime, progress=False)
+        try:
+            log(f"EMULATED: {engine}: {len(requests)} requests at {s.rate:g} req/s "
+                f"(~{(requests[-1].arrival + 2) * s.dilation:.0f} s of wall time at dilation {s.dilation:g})")
+            t1 = time.monotonic()
+            results = target.run(requests)
+            wall = time.monotonic() - t1
+            summary = summarize(results)
+            runs.append(Run(f"{engine} (EMULATED)", s.rate, results, summary, target.workers(), target.spans(), wall))
+            out["engines"][engine] = {"runtime": dataclasses.asdict(runtime), "summary": summary,
+                                      "load_avg_1min": os.getloadavg()[0],
+                                      "workers": target.workers(), "startup_s": target.startup_s, "wall_s": wall,
+                                      "stall_fraction": mean_fraction(target.workers(), "stall")}
+        finally:
+            target.close()
+    out["wall_s"] = time.monotonic() - t0
+    return out, runs
+
+
+def mean_fraction(workers: dict, kind: str, prefix: str = "") -> float | None:
+    xs = [f[kind] for w, f in workers.items() if w.startswith(prefix)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def format_emulated(e: dict) -> list[str]:
+    lines = [f"{e['model']} on {e['devices']} CloudMatrix384-like dies: {e['num_requests']} requests, Poisson at "
+             f"{e['rate']:g} req/s, Mooncake prompt lengths; dilation {e['dilation']:g} (times below are emulated-"
+             f"hardware time)",
+             f"best-tuned configurations (SIMULATED search by asap.sim.tune over the emulatable candidates, "
+             f"{e['tuned_source']}):"]
+    for engine, t in e["tuned"].items():
+        rate = "-" if t["max_slo_rate"] is None else f"{t['max_slo_rate']:.2f}"
+        lines.append(f"  {engine:<5} {t['describe']}  (SIMULATED SLO-compliant rate {rate} req/s, "
+                     f"best of {t['candidates']})")
+    head = f"{'':<18}{'SLO attainment':>15}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'max':>9}{'req/s':>8}{'stall':>8}"
+    lines.append(head)
+    for engine, r in e["engines"].items():
+        m = r["summary"]
+        lines.append(f"{engine + ' (EMULATED)':<18}{m['slo_attainment']:>15.2f}{_s(m['ttft_p50_ms'])}"
+                     f"{_s(m['ttft_p90_ms'], 9)}{_s(m['ttft_p99_ms'], 9)}{_s(m['ttft_max_ms'], 9)}"
+                     f"{m['request_throughput']:>8.2f}{r['stall_fraction']:>8.0%}")
+    lines.append("stall = mean fraction of the run each worker spent waiting on a peer (sync: the barrier at "
+                 "every MoE layer)")
+    load = max(r["load_avg_1min"] for r in e["engines"].values())
+    cores = os.cpu_count() or 1
+    if load > 2 * cores:
+        lines.append(f"CPU load average {load:.0f} on {cores} cores during these runs: the worker processes "
+                     f"competed for the CPU, which inflates emulated times (sync's barrier waits for the slowest "
+                     f"rank most); compare with the simulator's replay of this run below")
+    return lines
+
+
+def _s(ms, width: int = 10) -> str:
+    return f"{'-':>{width}}" if ms is None else f"{ms / 1000:>{width - 1}.2f}s"

@@ -1,0 +1,48 @@
+"""The closing summary: what was measured and how, and the verdict the numbers give (whatever it is)."""
+from __future__ import annotations
+
+TIE = 0.05      # attainment differences below this are called a tie
+
+
+def compare(label: str, sync: dict, asyn: dict) -> str:
+    a, s = asyn["slo_attainment"], sync["slo_attainment"]
+    p90 = sync["ttft_p90_ms"] / asyn["ttft_p90_ms"] if asyn["ttft_p90_ms"] else float("nan")
+    if a - s > TIE:
+        who = f"async ahead: {a:.0%} of requests within their SLO against sync's {s:.0%}"
+    elif s - a > TIE:
+        who = f"sync ahead: {s:.0%} of requests within their SLO against async's {a:.0%}"
+    else:
+        who = f"a tie on SLO attainment ({a:.0%} async, {s:.0%} sync)"
+    return f"{label}: {who}; sync's P90 TTFT is {p90:.1f}x async's"
+
+
+def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
+    e = emulated["engines"]
+    chk = simulated["emulated_check"]["engines"]
+    gap = max(abs(chk[k]["slo_attainment"] - e[k]["summary"]["slo_attainment"]) for k in chk)
+    stall = {k: v["stall_fraction"] for k, v in e.items()}
+    tuned = simulated["tuned"]
+    rs, ra = tuned["sync"]["max_slo_rate"], tuned["async"]["max_slo_rate"]
+    if rs and ra:
+        scale = (f"the SLO-compliant throughput of each engine's best configuration is async {ra:.1f} vs sync "
+                 f"{rs:.1f} req/s: " + (f"async {ra / rs:.2f}x" if ra >= rs else f"sync ahead, async {ra / rs:.2f}x"))
+    else:
+        scale = "no SLO-compliant throughput is stored for this size (see the section above)"
+    return [
+        f"REAL (measured on this CPU, real weights and compute, {real['model']}): async and sync "
+        + ("return exactly the reference engine's first tokens, logits and KV"
+           if real["exact"] else "DO NOT match the reference engine: see the table above"),
+        f"EMULATED (measured: {emulated['devices']} real worker processes exchanging real messages; compute = "
+        f"waits from the cost model of DeepSeek-V3 on CloudMatrix384-like dies; best emulatable configurations): "
+        + compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": ")
+        + f"; workers stalled {stall['sync']:.0%} of the time in sync, {stall['async']:.0%} in async",
+        f"SIMULATED (discrete-event simulator, same cost model, not measured): replaying the emulated run it gives "
+        f"attainments within {gap:.0%} of the emulation's; on {simulated['devices']} dies, {scale}",
+        "Why async wins where it does: sync starts a step only when every rank does, and each MoE layer ends in an "
+        "all-to-all every rank must reach, so a short prompt waits for the longest chunk in flight anywhere; "
+        "async replicas run at their own pace and expert workers serve whatever is ready. Where sync's best "
+        "configuration splits the cluster into small instances with tensor-parallel attention, its barrier "
+        "domains shrink and the gap closes or turns.",
+        "Caveats: emulated and simulated figures depend on the cost model (asap/cost); the REAL part checks "
+        "exactness, not speed (on two CPU cores the engines are close: README, 2-device section).",
+    ]

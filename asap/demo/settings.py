@@ -1,0 +1,63 @@
+"""What the demo runs: one frozen config per mode, and the workload both EMULATED and SIMULATED use.
+
+The workload: prompt lengths of the Mooncake conversation trace shipped in the package (x1/8,
+clipped to 8K tokens, mean ~1.4K) with Poisson arrivals (the trace's own arrivals come in bursts of
+requests sharing one timestamp; lengths are what we take from it). The SLO is the simulator's rule
+(asap.sim.experiments.with_slo): a request must see its first token within 5x the time a prompt of
+max(L, 1024) tokens takes alone on the idle sync system of the same size, so every engine is judged
+against the same per-request budget, which scales with the work the prompt needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asap.scheduler.request import Request
+from asap.workload import Poisson, Workload
+from asap.workload.traces import default_trace_path
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    # REAL: exactness on this CPU
+    real_model: str
+    real_lengths: tuple[int, ...]       # prompt lengths (mixed: chunked, split across micro-batches, tiny)
+    real_token_budget: int
+    # EMULATED: real worker processes, compute from the cost model
+    devices: int
+    num_requests: int
+    rate: float                         # req/s, in emulated-hardware time
+    dilation: float                     # emulated time runs this many times slower than the wall clock
+    # SIMULATED: the same workload at cluster scale
+    sim_devices: int
+    sim_requests: int
+    # shared
+    model: str = "deepseek-v3"
+    hardware: str = "cloudmatrix384"
+    length_scale: float = 1 / 8
+    max_tokens: int = 8192
+    token_budget: int = 8192
+    slo_scale: float = 5.0
+    slo_floor_tokens: int = 1024
+    seed: int = 0
+
+    @property
+    def sim_rate(self) -> float:
+        """The SIMULATED rate: the emulated load per device, on sim_devices."""
+        return self.rate * self.sim_devices / self.devices
+
+
+FULL = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 7, 64, 333, 900, 2048), real_token_budget=512,
+                    devices=24, num_requests=24, rate=6.0, dilation=8.0, sim_devices=384, sim_requests=400)
+QUICK = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 130, 700), real_token_budget=256,
+                     devices=18, num_requests=10, rate=6.0, dilation=3.0, sim_devices=384, sim_requests=120)
+
+
+def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float, trace=None) -> list[Request]:
+    """The demo's requests at `rate` on a `devices`-device system, with their SLO deadlines (no prompts:
+    emulated compute and the simulator need lengths only)."""
+    from asap.sim.experiments import with_slo
+    w = Workload(trace=trace or default_trace_path(), arrivals=Poisson(1.0), rate=rate, num_requests=num_requests,
+                 length_scale=s.length_scale, max_tokens=s.max_tokens, min_tokens=16, seed=s.seed,
+                 with_prompts=False)
+    return with_slo(w.build(), s.slo_scale, s.slo_floor_tokens, model=s.model, hardware=s.hardware,
+                    devices=devices)

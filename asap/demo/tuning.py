@@ -1,0 +1,103 @@
+"""The best-tuned configuration of each engine for the demo's workload, from asap.sim.tune.
+
+The tuner (the search behind `asap plan`'s best_configs) simulates every candidate configuration of an
+engine with a rate search each, on enough requests that the highest passing rate is a steady state
+and not a burst absorbed: minutes of simulation, too long for a 3-minute demo. So it runs offline,
+
+    python -m asap.demo.tuning          # rewrites asap/demo/tuned.json (~10 min on two cores)
+
+and `asap demo` reads the result (`asap demo --retune` reruns it first). Keys name what the search
+depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
+configurations were allowed), so a changed setting is never served a stale entry: it is tuned live.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
+
+TUNED = Path(__file__).resolve().parent / "tuned.json"
+TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
+
+
+def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
+    return (f"{s.model}/{s.hardware}/{devices}/x{s.length_scale:g}-max{s.max_tokens}-budget{s.token_budget}/"
+            f"slo{s.slo_scale:g}x-floor{s.slo_floor_tokens}/seed{s.seed}/n{TUNE_REQUESTS}"
+            + ("/emulatable" if emulatable_only else ""))
+
+
+def emulatable(c) -> bool:
+    """What the runtime can run: one attention device per replica, one instance."""
+    return c.attention_tp == 1 and c.instances == 1
+
+
+def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
+    """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search)."""
+    from asap.sim.tune import space, tune
+    t0 = time.monotonic()
+    requests = demo_requests(s, devices, TUNE_REQUESTS, rate=1.0)
+    prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
+    out = {}
+    for engine in ("sync", "async"):
+        cands = [c for c in space(engine, devices, s.model, s.hardware, prompt_len)
+                 if emulatable(c) or not emulatable_only]
+        t = tune(requests, engine, devices, s.model, s.hardware, candidates=cands)
+        if t.best is None:
+            raise RuntimeError(f"the tuner found no valid {engine} configuration on {devices} devices: {t.reason}")
+        out[engine] = {"config": dataclasses.asdict(t.best), "describe": t.best.describe(devices),
+                       "max_slo_rate": t.max_slo_rate, "candidates": len(cands), "num_sims": t.num_sims,
+                       "num_requests": t.num_requests}
+    out["tune_s"] = time.monotonic() - t0
+    return out
+
+
+def untuned(s: DemoSettings, devices: int) -> dict:
+    """The fallback when no tuning is stored: the cost model's balanced A:E split, sync with its defaults."""
+    from asap.sim.cost import CostModel
+    from asap.sim.run import balanced_split, get_model, min_expert_workers
+    from asap.sim.hardware import get_hardware
+    from asap.sim.tune import EngineConfig
+    cfg, hw = get_model(s.model), get_hardware(s.hardware)
+    a = min(balanced_split(CostModel(cfg, hw), devices, s.token_budget), devices - min_expert_workers(cfg, hw))
+    configs = {"sync": EngineConfig("sync", 1, s.token_budget),
+               "async": EngineConfig("async", 1, s.token_budget, attention_workers=max(1, a))}
+    return {e: {"config": dataclasses.asdict(c), "describe": c.describe(devices), "max_slo_rate": None,
+                "candidates": 1} for e, c in configs.items()}
+
+
+def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: bool = False) -> dict:
+    """The one call site of the tuner: {"sync": EngineConfig, "async": EngineConfig, "tuning": {...}}."""
+    from asap.sim.tune import EngineConfig
+    k = key(s, devices, emulatable_only)
+    table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
+    entry = None if retune else table.get(k)
+    source = "tuned offline (asap/demo/tuned.json)"
+    if retune:
+        entry, source = tune_now(s, devices, emulatable_only), "tuned just now"
+    elif entry is None:
+        entry, source = untuned(s, devices), "NOT TUNED (no entry in asap/demo/tuned.json: analytic A:E split and " \
+            "sync defaults; run `asap demo --retune`)"
+    return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
+            "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source}
+
+
+def main() -> int:
+    table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
+    jobs = [(FULL, FULL.devices, True), (QUICK, QUICK.devices, True), (FULL, FULL.sim_devices, False)]
+    for s, devices, emulatable_only in jobs:
+        k = key(s, devices, emulatable_only)
+        print(f"[SIMULATED] tuning {k} ...", file=sys.stderr, flush=True)
+        table[k] = tune_now(s, devices, emulatable_only)
+        print(f"  sync  {table[k]['sync']['describe']}: {table[k]['sync']['max_slo_rate']:.3g} req/s\n"
+              f"  async {table[k]['async']['describe']}: {table[k]['async']['max_slo_rate']:.3g} req/s "
+              f"({table[k]['tune_s']:.0f} s)", file=sys.stderr, flush=True)
+        TUNED.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
