@@ -273,3 +273,32 @@ def test_named_semaphore_counts_times_out_and_pickles_by_name():
         NamedSemaphore.unlink(name)
     with pytest.raises(FileNotFoundError):
         NamedSemaphore(name)
+
+
+def test_big_messages_stream_intact_while_the_receiver_copies():
+    """A body of >= 1 MiB is read while it is being written (the receiver is woken after the
+    envelope); a sender thread keeps writing while this thread copies out."""
+    import threading
+    from asap.comm.transport import Rows
+    spec = ShmTransportSpec(2, ring_bytes=8 << 20, send_timeout=10)
+    a, b = spec.connect(0), spec.connect(1)
+    g = torch.Generator().manual_seed(0)
+    msgs = [(torch.randn(300 + 50 * i, 1024, generator=g).to(torch.bfloat16), torch.randperm(200, generator=g))
+            for i in range(6)]
+
+    def send():
+        for i, (x, idx) in enumerate(msgs):
+            a.send(1, h(seq=i), [x, Rows(x, idx), torch.arange(i + 1)])
+
+    th = threading.Thread(target=send)
+    th.start()
+    try:
+        for i, (x, idx) in enumerate(msgs):
+            m = b.recv(10.0)
+            assert m.header.seq == i
+            assert torch.equal(m.tensors[0], x) and torch.equal(m.tensors[1], x[idx])
+            assert torch.equal(m.tensors[2], torch.arange(i + 1))
+    finally:
+        th.join(10)
+        a.close(), b.close()
+        spec.cleanup()

@@ -17,9 +17,12 @@ time keeps reusing its first bytes (warm in cache) instead of walking through al
 
 Writing is two steps, so the caller can fill the body in place:
   off = ring.reserve(n)   # None if it does not fit yet; else the body's data offset
-  ... write n bytes at ring.data[off:off + n] ...
+  ... write n bytes at ring.data[off:off + n], calling ring.progress(done) as it goes ...
   ring.commit()           # publish
 and reading likewise: `peek()` -> (offset, size) of the oldest body, `release()`.
+A large record may be *streamed*: the consumer may copy its first `available()`
+bytes before it is committed (its size word is written at reserve, and the
+fill word says how far the producer has got), so the two copies overlap.
 
 Ordering: the producer copies the data, then stores the write position; the
 consumer loads the write position, then copies the data. On x86-64 (TSO)
@@ -34,6 +37,7 @@ import torch
 CTRL_BYTES = 192
 ALIGN = 64
 _WRITE, _READ, _WAITING = 0, 8, 16     # uint64 word indices, 64 bytes apart
+_FILL = 4                              # producer: how far the record being streamed is written (absolute)
 _SKIP = -1                             # size word of "nothing more before the end of the buffer"
 
 
@@ -54,7 +58,7 @@ class Ring:
         self.mem, self.base = buf, CTRL_BYTES       # the same bytes, for struct.pack_into (no sub-view:
                                                     # a sliced memoryview would pin the mapping open)
         self._reserved: tuple[int, int] | None = None     # (record position, record bytes)
-        self._peeked: int | None = None                   # record bytes of the body peek() returned
+        self._peeked: tuple[int, int] | None = None       # (position, record bytes) of the record peek() returned
 
     @staticmethod
     def segment_bytes(capacity: int) -> int:
@@ -90,12 +94,16 @@ class Ring:
             self._ctrl[_WRITE] = pos             # the consumer may step over the skip already
         if size > free:
             return None
+        self._words[off // 8] = size              # unseen until progress() or commit() moves a position
         self._reserved = (pos, size)
         return off + ALIGN
 
+    def progress(self, done: int) -> None:
+        """The first `done` body bytes of the reserved record are in place: the consumer may take them."""
+        self._ctrl[_FILL] = self._reserved[0] + ALIGN + done
+
     def commit(self) -> None:
         pos, size = self._reserved
-        self._words[(pos % self.capacity) // 8] = size
         self._ctrl[_WRITE] = pos + size          # publish: after the data, never before
         self._reserved = None
 
@@ -116,27 +124,40 @@ class Ring:
 
     # ---- consumer side -------------------------------------------------
     def peek(self) -> tuple[int, int] | None:
-        """(data offset, size rounded up to 64) of the oldest body, or None if the ring is empty."""
+        """(data offset, size rounded up to 64) of the oldest body, committed or being streamed;
+        None if the ring is empty."""
         while True:
             pos = int(self._ctrl[_READ])
-            if int(self._ctrl[_WRITE]) == pos:
+            if int(self._ctrl[_WRITE]) == pos and int(self._ctrl[_FILL]) <= pos:
                 return None
             off = pos % self.capacity
             size = int(self._words[off // 8])
-            if size != _SKIP:
-                self._peeked = size
+            if size != _SKIP:                    # a skip is only ever published by the write position
+                self._peeked = (pos, size)
                 return off + ALIGN, size - ALIGN
             self._ctrl[_READ] = pos + self.capacity - off
 
+    def available(self) -> int:
+        """How many body bytes of the peeked record are in place (all of them once it is committed)."""
+        pos, size = self._peeked
+        if int(self._ctrl[_WRITE]) >= pos + size:
+            return size - ALIGN
+        return max(0, int(self._ctrl[_FILL]) - pos - ALIGN)
+
+    def committed(self) -> bool:
+        pos, size = self._peeked
+        return int(self._ctrl[_WRITE]) >= pos + size
+
     def release(self) -> None:
-        """Free the body peek() returned; the producer may reuse the space from here on."""
-        self._ctrl[_READ] = int(self._ctrl[_READ]) + self._peeked
+        """Free the (committed) body peek() returned; the producer may reuse the space from here on."""
+        pos, size = self._peeked
+        self._ctrl[_READ] = pos + size
         self._peeked = None
 
     def read(self) -> torch.Tensor | None:
         """Remove the oldest record; its body (parts with their padding) as a fresh uint8 tensor."""
         found = self.peek()
-        if found is None:
+        if found is None or not self.committed():
             return None
         off, n = found
         body = self.data[off:off + n].clone()

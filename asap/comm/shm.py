@@ -46,6 +46,10 @@ from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Messag
 _SPACE_NAP_S = 0.002
 # How long a receiver polls before it sleeps on its semaphore.
 _SPIN_S = 100e-6
+# Bodies at least this big are streamed: the receiver is woken once the envelope is in the ring and
+# copies each chunk out while the sender writes the next, so a big message costs ~one copy, not two.
+_STREAM_BYTES = 1 << 20
+_CHUNK = 1 << 20
 _SHM_DIR = "/dev/shm"
 _NAME = re.compile(r"(?:sem\.)?asap(\d+)_[0-9a-f]{8}_(?:\d+_\d+|[ds]\d+)")
 _ENV = padded(ENVELOPE_BYTES, ALIGN)
@@ -199,13 +203,18 @@ class ShmTransport(Transport):
             if not self._drain_one():
                 self._spec._space[self.rank].acquire(timeout=min(_SPACE_NAP_S, deadline - now))
         pack_envelope_into(ring.mem, ring.base + off, header, tensors)
+        stream = body >= _STREAM_BYTES
+        if stream:
+            ring.progress(_ENV)
+            self._spec._data[dst].release()
         at = off + _ENV
         for t, n in zip(tensors, sizes):
             if n:
-                _write(ring, at, n, t)
+                _write(ring, at, n, t, off if stream else None)
             at += padded(n, ALIGN)
         ring.commit()
-        self._spec._data[dst].release()
+        if not stream:
+            self._spec._data[dst].release()
 
     def poll(self) -> Message | None:
         if self._backlog:
@@ -254,6 +263,7 @@ class ShmTransport(Transport):
                 found = ring.peek()
                 if found is not None:
                     msg = self._read(src, ring, found[0])
+                    self._wait(ring, lambda: ring.committed(), src)
                     ring.release()
                     self._next_in = (self._next_in + i + 1) % n
                     if ring.take_waiter():
@@ -264,30 +274,58 @@ class ShmTransport(Transport):
 
 
     def _read(self, src: int, ring: Ring, off: int) -> Message:
-        """Copy one record's tensors out of the ring, each once, into tensors of their own."""
+        """Copy one record's tensors out of the ring, each once, into tensors of their own; a record
+        still being streamed is copied as far as it is written, chunk by chunk."""
         header, layout = unpack_envelope(ring.mem, ring.base + off)
         tensors, at, base = [], off + _ENV, ring.data.data_ptr()
         for dtype, shape in layout:
             n = nbytes(dtype, shape)
             out = self._pool.take(dtype, shape)
-            if n:
-                ctypes.memmove(out.data_ptr(), base + at, n)
+            done, dst = 0, out.data_ptr()
+            while done < n:
+                have = min(n, ring.available() - (at - off))
+                if have <= done:
+                    self._wait(ring, lambda: ring.available() - (at - off) > done, src)
+                    continue
+                ctypes.memmove(dst + done, base + at + done, have - done)
+                done = have
             tensors.append(out)
             at += padded(n, ALIGN)
         return Message(src, header, tensors)
 
+    def _wait(self, ring: Ring, ready, src: int) -> None:
+        """Spin (yielding the CPU) until a streaming sender has got further; it is mid-copy, not blocked."""
+        if ready():
+            return
+        deadline = time.monotonic() + self.send_timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise CommTimeout(f"rank {self.rank}: rank {src} stopped for {self.send_timeout}s in the "
+                                  "middle of writing a message")
+            os.sched_yield()
 
-def _write(ring: Ring, at: int, n: int, t) -> None:
+
+def _write(ring: Ring, at: int, n: int, t, body: int | None = None) -> None:
     """One copy into the ring at data offset `at`; from another device this is the comm boundary's
-    one transfer. Contiguous CPU tensors go by memmove (no tensor views to build: ~1 us less each)."""
+    one transfer. Contiguous CPU tensors go by memmove (no tensor views to build: ~1 us less each).
+    body: the record's body offset when it is streamed; the copy then goes in chunks, each published."""
+    chunk = _CHUNK if body is not None else n
     if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous():
-        ctypes.memmove(ring.data.data_ptr() + at, t.data_ptr(), n)
+        src, dst = t.data_ptr(), ring.data.data_ptr() + at
+        for a in range(0, n, chunk):
+            ctypes.memmove(dst + a, src + a, min(chunk, n - a))
+            if body is not None:
+                ring.progress(at + min(a + chunk, n) - body)
         return
     dst = ring.data[at:at + n].view(t.dtype).view(t.shape)
-    if isinstance(t, Rows):
-        if t.src.device.type == "cpu":
-            torch.index_select(t.src, 0, t.index, out=dst)
-            return
-        t = t.materialize()
-    dst.copy_(t.detach())
+    if isinstance(t, Rows) and t.src.device.type == "cpu":
+        rows = max(1, chunk // max(1, n // max(1, t.index.numel())))     # rows per chunk
+        for a in range(0, t.index.numel(), rows):
+            torch.index_select(t.src, 0, t.index[a:a + rows], out=dst[a:a + rows])
+            if body is not None:
+                ring.progress(at + min(n, (a + rows) * (n // t.index.numel())) - body)
+        return
+    dst.copy_(t.materialize() if isinstance(t, Rows) else t.detach())
+    if body is not None:
+        ring.progress(at + n - body)
 
