@@ -14,8 +14,10 @@ microseconds to milliseconds on a loaded machine, more than a whole small messag
 
 One copy each way: the sender writes the envelope and every tensor (gathering
 rows straight from the activations, see transport.Rows) into the ring in place;
-the receiver copies the body out once, into a pooled buffer (transport.BufferPool),
-and hands out views of it.
+the receiver copies each tensor out once, into a pooled buffer (transport.BufferPool).
+A message of >= 1 MiB is streamed: the receiver is woken as soon as the envelope
+is in place and copies 1 MiB chunks out while the sender is still writing the
+next ones, so the two copies overlap.
 
 Segment and semaphore names carry the creating process's pid
 (asap<pid>_<token>_<src>_<dst>, sem.asap<pid>_<token>_d<rank> / _s<rank>); a new
