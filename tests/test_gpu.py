@@ -136,6 +136,23 @@ def test_shm_takes_cuda_tensors_and_rows_in_one_copy(ranks):
 
 
 @cuda
+def test_a_streamed_cuda_message_arrives_exactly():
+    from asap.comm import Header, Kind, ShmTransportSpec
+    from asap.comm.transport import Rows
+    spec = ShmTransportSpec(2, ring_bytes=16 << 20)
+    a, b = spec.connect(0), spec.connect(1)
+    try:
+        x = torch.randn(1024, 1024, device="cuda")                       # 4 MiB: streamed in chunks
+        idx = torch.randperm(1024, device="cuda")[:700]
+        a.send(1, Header(Kind.CONTROL, 0, 0, 0, 0, 0), [x, Rows(x, idx)])
+        got = b.recv(5.0).tensors
+        assert torch.equal(got[0], x.cpu()) and torch.equal(got[1], x[idx].cpu())
+    finally:
+        a.close(), b.close()
+        spec.cleanup()
+
+
+@cuda
 def test_dispatch_layout_on_cuda_matches_cpu():
     from asap.comm.primitives import dispatch_layout
     g = torch.Generator().manual_seed(0)
