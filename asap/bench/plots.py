@@ -74,7 +74,8 @@ def plot_timeline(spans: list[dict], path: str | Path) -> None:
     _save(fig, path)
 
 
-def plot_demo(runs: dict[str, tuple[list[RequestResult], list[dict]]], path: str | Path, title: str) -> None:
+def plot_demo(runs: dict[str, tuple[list[RequestResult], list[dict]]], path: str | Path, title: str,
+              time_label: str = "wall time (s)") -> None:
     """The demo's figure: TTFT CDFs (TTFT in seconds, and TTFT / the request's SLO budget) on top, then
     one worker timeline per run (label -> (results, spans)), so stalls show as red."""
     check_spans([s for _, spans in runs.values() for s in spans])
@@ -110,6 +111,6 @@ def plot_demo(runs: dict[str, tuple[list[RequestResult], list[dict]]], path: str
         ax.set_yticks(range(len(workers)), workers, fontsize=6)
         ax.invert_yaxis()
         ax.set(xlim=(0, end), title=f"{label}: worker timeline (green compute, red stall, grey idle)")
-    fig.axes[-1].set_xlabel("wall time (s)")
+    fig.axes[-1].set_xlabel(time_label)
     fig.suptitle(title)
     _save(fig, path)

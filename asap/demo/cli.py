@@ -80,7 +80,8 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plot_demo({r.label: (r.results, r.spans) for r in runs}, out / "demo.png",
               f"EMULATED: DeepSeek-V3 on {s.devices} CloudMatrix384-like dies, {emulated['num_requests']} Mooncake-"
-              f"length requests at {s.rate:g} req/s")
+              f"length requests at {s.rate:g} req/s (TTFT in emulated-hardware time)",
+              time_label=f"wall time (s) of the run; emulated-hardware time = wall time / {s.dilation:g}")
     for r in runs:
         name = r.label.split()[0]
         if r.spans:
