@@ -265,7 +265,8 @@ class ShmTransport(Transport):
                 found = ring.peek()
                 if found is not None:
                     msg = self._read(src, ring, found[0])
-                    self._wait(ring, lambda: ring.committed(), src)
+                    if not ring.committed():
+                        self._wait(ring, ring.committed, src)
                     ring.release()
                     self._next_in = (self._next_in + i + 1) % n
                     if ring.take_waiter():
@@ -280,9 +281,16 @@ class ShmTransport(Transport):
         still being streamed is copied as far as it is written, chunk by chunk."""
         header, layout = unpack_envelope(ring.mem, ring.base + off)
         tensors, at, base = [], off + _ENV, ring.data.data_ptr()
+        whole = ring.committed()
         for dtype, shape in layout:
             n = nbytes(dtype, shape)
             out = self._pool.take(dtype, shape)
+            if whole:
+                if n:
+                    ctypes.memmove(out.data_ptr(), base + at, n)
+                tensors.append(out)
+                at += padded(n, ALIGN)
+                continue
             done, dst = 0, out.data_ptr()
             while done < n:
                 have = min(n, ring.available() - (at - off))
@@ -314,6 +322,9 @@ def _write(ring: Ring, at: int, n: int, t, body: int | None = None) -> None:
     chunk = _CHUNK if body is not None else n
     if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous():
         src, dst = t.data_ptr(), ring.data.data_ptr() + at
+        if body is None:
+            ctypes.memmove(dst, src, n)
+            return
         for a in range(0, n, chunk):
             ctypes.memmove(dst + a, src + a, min(chunk, n - a))
             if body is not None:
