@@ -121,6 +121,17 @@ def test_replica_keeps_prompts_and_routing_counts_on_the_compute_device(tiny):
     assert replica.routing.device == META
 
 
+def test_spans_wait_for_the_device_at_both_edges():
+    """On a GPU a span must end when its kernels do: the worker sets spans.sync = compute.synchronize."""
+    from asap.workers.spans import SpanRecorder
+    calls = []
+    rec = SpanRecorder("attention0")
+    rec.sync = lambda: calls.append(len(rec.pending))
+    with rec.span("compute"):
+        calls.append("body")
+    assert calls == [0, "body", 0] and len(rec.pending) == 1      # before the start, after the body
+
+
 # ---- CUDA ----
 
 @cuda
