@@ -8,11 +8,15 @@ and not a burst absorbed: minutes of simulation, too long for a 3-minute demo. S
 
 and `asap demo` reads the result (`asap demo --retune` reruns it first). Keys name what the search
 depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
-configurations were allowed), so a changed setting is never served a stale entry: it is tuned live.
+configurations were allowed), so a changed setting is never served another's entry (without an entry
+the demo falls back to the analytic split, and says so). Each entry also records a fingerprint of the
+code the result depends on (asap/cost, asap/sim, asap/scheduler); when that code has changed since,
+the demo says the tuning is stale, and the live simulations it prints show by how much.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -22,6 +26,16 @@ from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
+
+
+def fingerprint() -> str:
+    """A hash of the sources the tuner's answer depends on: the cost model, the simulator, the policies."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("cost", "sim", "scheduler"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
@@ -38,7 +52,7 @@ def emulatable(c) -> bool:
 def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
     """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search)."""
     from asap.sim.tune import space, tune
-    t0 = time.monotonic()
+    t0, code = time.monotonic(), fingerprint()
     requests = demo_requests(s, devices, TUNE_REQUESTS, rate=1.0)
     prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
     out = {}
@@ -52,6 +66,7 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
                        "max_slo_rate": t.max_slo_rate, "candidates": len(cands), "num_sims": t.num_sims,
                        "num_requests": t.num_requests}
     out["tune_s"] = time.monotonic() - t0
+    out["fingerprint"] = code
     return out
 
 
@@ -76,6 +91,9 @@ def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: 
     table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
     entry = None if retune else table.get(k)
     source = "tuned offline (asap/demo/tuned.json)"
+    if entry is not None and entry.get("fingerprint") != fingerprint():
+        source = ("tuned offline on older code: STALE (asap/cost, asap/sim or asap/scheduler changed since; "
+                  "rerun `python -m asap.demo.tuning`)")
     if retune:
         entry, source = tune_now(s, devices, emulatable_only), "tuned just now"
     elif entry is None:
@@ -87,7 +105,7 @@ def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: 
 
 def main() -> int:
     table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
-    jobs = [(FULL, FULL.devices, True), (QUICK, QUICK.devices, True), (FULL, FULL.sim_devices, False)]
+    jobs = [(FULL, FULL.devices, True), (FULL, FULL.sim_devices, False), (QUICK, QUICK.devices, True)]
     for s, devices, emulatable_only in jobs:
         k = key(s, devices, emulatable_only)
         print(f"[SIMULATED] tuning {k} ...", file=sys.stderr, flush=True)
