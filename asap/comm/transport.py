@@ -151,9 +151,9 @@ class BufferPool:
     faults. A buffer is a numpy array; torch.from_numpy keeps it referenced while any view of it lives,
     so its reference count says whether it is free."""
 
-    def __init__(self, max_buffers: int = 16, min_bytes: int = 64 << 10):
-        self.max_buffers, self.min_bytes = max_buffers, min_bytes
-        self._bufs: list[np.ndarray] = []
+    def __init__(self, max_buffers: int = 16, min_bytes: int = 64 << 10, max_bytes: int = 512 << 20):
+        self.max_buffers, self.min_bytes, self.max_bytes = max_buffers, min_bytes, max_bytes
+        self._bufs: list[np.ndarray] = []       # kept: at most max_buffers, max_bytes in all
 
     def take(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A contiguous tensor nobody else holds (contents undefined)."""
@@ -164,12 +164,18 @@ class BufferPool:
         if free:
             buf = min(free, key=lambda b: b.nbytes)
         else:
-            if len(self._bufs) >= self.max_buffers:
-                idle = [b for b in self._bufs if sys.getrefcount(b) <= 3]
-                if not idle:
-                    return torch.empty(shape, dtype=dtype)
-                self._bufs.remove(min(idle, key=lambda b: b.nbytes))
-            buf = np.empty(padded_mib(n), dtype=np.uint8)
+            size = padded_mib(n)
+            while self._bufs and (len(self._bufs) >= self.max_buffers
+                                  or sum(b.nbytes for b in self._bufs) + size > self.max_bytes):
+                # a generator, not a list: a list of candidates would itself raise their counts
+                victim = min((b for b in self._bufs if sys.getrefcount(b) <= 3), key=lambda b: b.nbytes, default=None)
+                if victim is None:
+                    break
+                self._bufs.remove(victim)
+                del victim
+            if len(self._bufs) >= self.max_buffers or sum(b.nbytes for b in self._bufs) + size > self.max_bytes:
+                return torch.empty(shape, dtype=dtype)       # over the cap: a plain allocation, freed after use
+            buf = np.empty(size, dtype=np.uint8)
             self._bufs.append(buf)
         return torch.from_numpy(buf[:n]).view(dtype).view(shape)
 
