@@ -201,7 +201,8 @@ class DistTransport(Transport):
     def _recv_loop(self, src: int) -> None:
         group = self._data_group(src, self.rank)
         envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8)
-        pool = BufferPool() if self.device.type == "cpu" else None   # GPU: the caching allocator reuses
+        # One small pool per link (this thread only); on a GPU the caching allocator already reuses.
+        pool = BufferPool(max_buffers=4, max_bytes=128 << 20) if self.device.type == "cpu" else None
         while True:
             dist.irecv(envelope, src, group=self._ctrl, tag=ENV_TAG).wait(_IDLE_WAIT)
             header, layout = unpack_envelope(envelope.numpy())
