@@ -55,6 +55,8 @@ def add_commands(sub) -> None:
     h.add_argument("--slo", default=DEFAULT_SLO, help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
     h.add_argument("--slo-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     h.add_argument("--out", default="out/sim_headline")
+    h.add_argument("--resume", default=None, metavar="JSON",
+                   help="continue an earlier headline(.partial).json from its last row per workload to --devices")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain")
@@ -83,7 +85,9 @@ def run_command(a) -> int:
             for row in merged["rows"]:
                 print(format_row(row))
         else:
-            run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests, a.out)
+            resume = json.loads(Path(a.resume).read_text()) if a.resume else None
+            run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests, a.out,
+                         resume=resume)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

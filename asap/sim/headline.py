@@ -69,8 +69,10 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
 def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
                  num_requests: int = 1500, out_dir: "str | Path | None" = "out/sim_headline",
-                 verbose: bool = True, trace_s: float = 2.0) -> dict:
-    """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row)."""
+                 verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None) -> dict:
+    """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
+    resume: an earlier headline (its JSON): each workload continues from its last row to `device_counts`
+    (coarse to fine from there), and the earlier rows are kept."""
     t_start = time.perf_counter()
     base_slo = parse_slo(slo)
     rows = []
@@ -79,6 +81,18 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         reqs = base_slo.apply(base)
         prev: dict[str, list[EngineConfig]] = {}
         prev_devices = None
+        if resume is not None:
+            if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware):
+                raise ValueError("resume: the earlier headline has another model, hardware or SLO")
+            done = [r for r in resume["rows"] if r["workload"] == str(wl)]
+            if not done:
+                raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
+            rows += done
+            prev_devices = done[-1]["devices"]
+            for engine in ("sync", "async"):
+                ranked = sorted((c for c in done[-1][engine]["candidates"] if c["fine_rate"] or c["coarse_rate"]),
+                                key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
+                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1]]
         for devices in device_counts:
             row = {"workload": str(wl), "devices": devices}
             for engine in ("sync", "async"):
@@ -108,7 +122,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
             # the SLO-scale sweep at the first device count (its cost grows with N)
-            first = devices == device_counts[0]
+            first = devices == device_counts[0] and resume is None
             row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales if first else (1.0,),
                                                 devices, model, hardware)
             rows.append(row)
