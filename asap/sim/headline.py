@@ -156,7 +156,8 @@ def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> 
         rates = {}
         for engine in ("sync", "async"):
             cfg = row[engine]["config"]
-            n = row[engine]["num_requests"] or len(reqs)
+            # a looser SLO needs longer arrivals to stay a steady state (the burst rule): k x the requests
+            n = min(len(base), int((row[engine]["num_requests"] or len(base)) * max(1.0, 1.5 * k)))
             if cfg is None:
                 rates[engine] = None
                 continue
