@@ -307,12 +307,16 @@ class ShmTransport(Transport):
         """Spin (yielding the CPU) until a streaming sender has got further; it is mid-copy, not blocked."""
         if ready():
             return
-        deadline = time.monotonic() + self.send_timeout
+        start = time.monotonic()
         while not ready():
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > self.send_timeout:
                 raise CommTimeout(f"rank {self.rank}: rank {src} stopped for {self.send_timeout}s in the "
                                   "middle of writing a message")
-            os.sched_yield()
+            if waited < 0.001:
+                os.sched_yield()
+            else:                       # descheduled or gone: stop burning a core on it
+                time.sleep(0.0001)
 
 
 def _write(ring: Ring, at: int, n: int, t, body: int | None = None) -> None:
