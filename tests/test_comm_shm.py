@@ -302,3 +302,18 @@ def test_big_messages_stream_intact_while_the_receiver_copies():
         th.join(10)
         a.close(), b.close()
         spec.cleanup()
+
+
+def test_a_sender_that_stops_mid_message_is_a_timeout_not_a_hang(ranks):
+    from asap.comm.shm import _ENV
+    from asap.comm.transport import pack_envelope_into
+    ring = ranks[0]._out[1]
+    off = ring.reserve(_ENV + 4096)
+    pack_envelope_into(ring.mem, ring.base + off, h(), [torch.zeros(1024)])
+    ring.progress(_ENV)                           # the envelope is out, the tensor never comes
+    ranks[0]._spec._data[1].release()
+    ranks[1].send_timeout = 0.3
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeout, match="in the middle of writing a message"):
+        ranks[1].recv(1.0)
+    assert time.monotonic() - t0 < 2.0
