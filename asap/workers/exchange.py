@@ -32,6 +32,8 @@ class _Stamped:
 
     def __init__(self, transport, epoch: int):
         self.transport, self.epoch = transport, epoch
+        # dispatch_send reads world_size (else it pays a host sync, dest.max()) and calls send; nothing else
+        self.world_size = transport.world_size
 
     def send(self, dst, header, tensors):
         self.transport.send(dst, replace(header, epoch=self.epoch), tensors)

@@ -26,6 +26,7 @@ def run_step(ctx, replica, mbs: list, exchange, attend=None) -> StepPipeline:
             with ctx.spans.span("compute"):
                 t0 = time.monotonic()
                 s = attend(replica, mb, a.layer) if attend else replica.attention(mb, a.layer)
+                compute.synchronize()        # on a GPU: the kernels' time, not their launch (no-op on CPU)
                 took = time.monotonic() - t0
             if s.x is None:
                 mb.h = s.h
