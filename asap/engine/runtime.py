@@ -29,7 +29,7 @@ from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
 from asap.scheduler.router import QueueAwareRouter, ReplicaLoad, make_router
 from asap.workers.launcher import Cluster
 from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Started, Submit
-from asap.workers.spans import fractions
+from asap.workers.spans import SpanLog, fractions
 
 
 class RuntimeEngine:
@@ -55,7 +55,7 @@ class RuntimeEngine:
         self._futures: dict[int, tuple[Future, int, float]] = {}      # id -> (future, replica, submitted)
         self._loads = [dict() for _ in range(self.num_replicas)]     # replica -> {id: tokens}
         self._started: dict[int, float] = {}                          # id -> first scheduled (running requests)
-        self.spans: dict[str, list] = {}
+        self.spans = SpanLog()        # {worker: spans}, bounded per worker
         self.errors: list[str] = []
         self._closing = self._closed = False
         self._start()
@@ -170,7 +170,7 @@ class RuntimeEngine:
             for layer, counts in enumerate(msg.counts):
                 self.routing_stats.record(layer, counts)
         elif isinstance(msg, Spans):
-            self.spans.setdefault(msg.worker, []).extend(msg.spans)
+            self.spans.add(msg.worker, msg.spans)
         elif isinstance(msg, Failure):
             self._fail_all(f"{msg.worker} failed: {msg.error.strip().splitlines()[-1]}")
 

@@ -14,6 +14,8 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from asap.engine.errors import EngineClosed
+
 log = logging.getLogger("asap.server")
 
 
@@ -48,7 +50,12 @@ class Supervisor:
         backoff = 1.0
         while True:
             self._trim_spans()
-            if self.llm.healthy():
+            try:
+                healthy = self.llm.healthy()
+            except EngineClosed as e:       # closed by its owner or at shutdown: nothing left to watch
+                self.status, self.reason = "unhealthy", str(e)
+                return
+            if healthy:
                 self.status, self.reason, backoff = "ok", "", 1.0
             else:
                 self.reason = self.why()
@@ -84,13 +91,7 @@ class Supervisor:
         return "; ".join(errors[-3:]) or (f"worker(s) died: {dead}" if dead else "engine stopped")
 
     def _trim_spans(self) -> None:
-        """Keep only the spans the busy/stall gauges can still need (the engine keeps them all).
-
-        In place, from the front: the engine's collector thread appends at the back concurrently."""
-        cutoff = time.monotonic() - 2 * self.span_window_s
-        for spans in list(getattr(self.llm.engine, "spans", {}).values()):
-            old = 0
-            while old < len(spans) and spans[old][2] < cutoff:
-                old += 1
-            if old:
-                del spans[:old]
+        """Keep only the spans the busy/stall gauges can still need (the engine bounds them too)."""
+        spans = getattr(self.llm.engine, "spans", None)
+        if hasattr(spans, "trim"):
+            spans.trim(time.monotonic() - 2 * self.span_window_s)

@@ -150,8 +150,9 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth)
         elif spec.role == "expert":
             from asap.scheduler.expert_select import AggregationWindow, make_selector
+            from asap.pipeline.depth import expert_batch_cap
             from asap.workers.async_loop import expert_loop
-            sel = make_selector(rt.selector, max_batch_tokens=4 * rt.token_budget)
+            sel = make_selector(rt.selector, max_batch_tokens=expert_batch_cap(rt.token_budget))   # as the simulator
             if rt.aggregation_window_ms > 0:
                 sel = AggregationWindow(sel, rt.aggregation_window_ms / 1000)
             expert_loop(ctx, compute, transport, sel)

@@ -6,6 +6,7 @@ counted), so a long-lived worker never grows without bound.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -65,3 +66,38 @@ def fractions(spans, start: float | None = None, end: float | None = None) -> di
     for kind, s, e in spans:
         out[kind] += max(0.0, min(e, end) - max(s, start)) / total
     return out
+
+
+class SpanLog(dict):
+    """The engine's copy of every worker's spans: {worker: [(kind, start, end), ...]}, oldest first.
+
+    Bounded: past `capacity` spans a worker's list loses its oldest (counted in `dropped`), so a
+    long-lived engine never grows without bound; fractions over a window older than what is kept
+    therefore see only its newest part. Lists, not deques, so readers may iterate while the collector
+    thread appends. Trimming goes through `add` and `trim` under one lock."""
+
+    def __init__(self, capacity: int = 1 << 17):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity, self.dropped = capacity, {}
+        self._lock = threading.Lock()
+
+    def add(self, worker: str, spans) -> None:
+        with self._lock:
+            lst = self.setdefault(worker, [])
+            lst.extend(spans)
+            if len(lst) > self.capacity + self.capacity // 4:     # trim in batches: amortised O(1) per span
+                n = len(lst) - self.capacity
+                del lst[:n]
+                self.dropped[worker] = self.dropped.get(worker, 0) + n
+
+    def trim(self, before: float) -> None:
+        """Forget the spans that ended before `before` (monotonic clock)."""
+        with self._lock:
+            for lst in self.values():
+                old = 0
+                while old < len(lst) and lst[old][2] < before:
+                    old += 1
+                if old:
+                    del lst[:old]
