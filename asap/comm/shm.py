@@ -19,6 +19,10 @@ A message of >= 1 MiB is streamed: the receiver is woken as soon as the envelope
 is in place and copies 1 MiB chunks out while the sender is still writing the
 next ones, so the two copies overlap.
 
+Two threads of one rank may receive at once (the sync loop's idle listener receives
+while the main thread's send, finding its ring full, drains the inbound rings): taking
+a record off the inbound rings (and its pooled buffer) is serialised by one lock.
+
 Segment and semaphore names carry the creating process's pid
 (asap<pid>_<token>_<src>_<dst>, sem.asap<pid>_<token>_d<rank> / _s<rank>); a new
 spec first unlinks those whose creator is dead, so a SIGKILL of the whole process
@@ -30,6 +34,7 @@ import ctypes
 import os
 import re
 import secrets
+import threading
 import time
 from collections import deque
 from multiprocessing import shared_memory
@@ -180,6 +185,7 @@ class ShmTransport(Transport):
         self._backlog: deque[Message] = deque()   # taken off the rings while a send waited
         self._pool = BufferPool()
         self._next_in = 0
+        self._take_lock = threading.Lock()       # inbound rings, pool and _next_in: one receiving thread at a time
 
     def send(self, dst: int, header: Header, tensors: list) -> None:
         """tensors: torch tensors (any device, any strides) or Rows, each copied once into the ring."""
@@ -219,13 +225,13 @@ class ShmTransport(Transport):
             self._spec._data[dst].release()
 
     def poll(self) -> Message | None:
-        if self._backlog:
-            return self._backlog.popleft()
+        if (msg := self._from_backlog()) is not None:
+            return msg
         return self._take() if self._spec._data[self.rank].acquire(block=False) else None
 
     def recv(self, timeout: float | None) -> Message | None:
-        if self._backlog:
-            return self._backlog.popleft()
+        if (msg := self._from_backlog()) is not None:
+            return msg
         sem = self._spec._data[self.rank]
         if sem.acquire(block=False):
             return self._take()
@@ -250,6 +256,12 @@ class ShmTransport(Transport):
         while self._segments:
             self._segments.pop().close()
 
+    def _from_backlog(self) -> Message | None:
+        try:
+            return self._backlog.popleft()
+        except IndexError:           # empty (or emptied by the other receiving thread since)
+            return None
+
     def _drain_one(self) -> bool:
         if not self._spec._data[self.rank].acquire(block=False):
             return False
@@ -258,6 +270,10 @@ class ShmTransport(Transport):
 
     def _take(self) -> Message:
         """Read one message; the caller has already taken its count from data[rank]."""
+        with self._take_lock:
+            return self._take_locked()
+
+    def _take_locked(self) -> Message:
         n = len(self._in)
         for _ in range(1000):   # the count is posted after the write, so a record is (nearly) always there
             for i in range(n):   # round-robin so one chatty sender cannot starve the others

@@ -123,9 +123,10 @@ def idle_wait(ctx, replica, mailbox, transport, ranks, step: int) -> bool:
 
 class _Listener(threading.Thread):
     """Blocks on the transport while the rank blocks on its control queue; the first message it gets
-    wakes the rank (a Wake on its own control queue). The main thread only sends meanwhile (its
-    outbound rings), the listener only receives (the inbound ones): with every ring empty while all
-    ranks are idle, a ~300-byte flag never finds one full, so they never touch the same ring."""
+    wakes the rank (a Wake on its own control queue). The main thread only sends meanwhile, but a send
+    that finds its ring full (a peer still busy with late messages of an abandoned step) drains this
+    rank's inbound rings itself; the transport serialises its receive side (ShmTransport._take_lock;
+    DistTransport's receive threads deliver into a queue), so the two never take the same message."""
 
     def __init__(self, transport, control):
         super().__init__(daemon=True, name="asap-idle-listener")
