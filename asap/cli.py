@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import sys
+
+# The flag helpers live with the configs (below every package that builds a parser); re-exported.
+from asap.config import add_config_flags, config_from_args  # noqa: F401
 
 # module -> it defines `register(subparsers)`; each parser sets `func(args) -> int`.
 COMMANDS = [
@@ -16,26 +18,6 @@ COMMANDS = [
     "asap.sim.cli",          # sim, profile
     "asap.server.cli",       # serve
 ]
-
-
-def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
-    """One flag per field of a config dataclass, with the field's help: the CLI cannot drift from the config."""
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = (f.metadata.get("help") or "").replace("%", "%%")   # argparse formats help with %
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=help_text)
-        else:
-            typ = {"int": int, "float": float, "str": str}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=f.default, help=help_text + " (default: %(default)s)")
-
-
-def config_from_args(cls, args, **extra):
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)
 
 
 def main(argv=None) -> int:

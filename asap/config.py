@@ -1,6 +1,9 @@
-"""The engines' configuration (RuntimeConfig), and ModelConfig re-exported from asap.model.config."""
+"""The engines' configuration (RuntimeConfig), ModelConfig re-exported from asap.model.config, and the
+helpers that turn a config dataclass's fields into CLI flags (used by every `asap` sub-command)."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass, field
 
 # ModelConfig lives with the model (asap/model/config.py, parsed by the family registry); re-exported here.
@@ -66,3 +69,23 @@ class RuntimeConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s must be at least 2 x heartbeat_interval_s")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
+    """One flag per field of a config dataclass, with the field's help: the CLI cannot drift from the config."""
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = (f.metadata.get("help") or "").replace("%", "%%")   # argparse formats help with %
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(str(f.type), str)
+            parser.add_argument(flag, type=typ, default=f.default, help=help_text + " (default: %(default)s)")
+
+
+def config_from_args(cls, args, **extra):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)

@@ -111,7 +111,7 @@ def _spec(transport: str, world: int, ring_bytes: int):
         from asap.comm import ShmTransportSpec
         return ShmTransportSpec(world, ring_bytes=ring_bytes, send_timeout=60)
     from asap.comm import DistTransportSpec
-    from asap.engine.layout import free_port
+    from asap.workers.layout import free_port
     return DistTransportSpec(transport, f"tcp://127.0.0.1:{free_port()}", world, send_timeout=60,
                              device="cuda" if transport == "nccl" else "cpu")
 

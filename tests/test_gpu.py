@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asap.config import RuntimeConfig
-from asap.engine.layout import build_layout
+from asap.workers.layout import build_layout
 from asap.workers.main import worker_device
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import asap
-from asap.engine.layout import free_port
+from asap.workers.layout import free_port
 
 
 @pytest.mark.timeout(180)

@@ -19,7 +19,7 @@ import torch
 
 from asap.config import ModelConfig, RuntimeConfig
 from asap.engine.errors import EngineClosed, EngineUnavailable, EngineUnhealthy  # noqa: F401 - re-exported
-from asap.engine.layout import build_layout, replica_cost
+from asap.workers.layout import build_layout, replica_cost
 from asap.engine.output import PrefillOutput, PromptLogprobs
 from asap.model.loader import runtime_dtype
 from asap.scheduler.admission import SLOAdmission

@@ -15,7 +15,7 @@ def register(sub):
 
 
 def run(args):
-    from asap.config import ModelConfig
+    from asap.model.config import ModelConfig
     from asap.model.materialize import materialize
     block = None
     if args.fp8:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 
 def register(sub):
-    from asap.cli import add_config_flags
-    from asap.config import RuntimeConfig
+    from asap.config import RuntimeConfig, add_config_flags
     from asap.server.config import ServerConfig
     p = sub.add_parser("serve", help="serve prefill over HTTP (OpenAI /v1/completions, KV hand-off, /metrics)")
     p.add_argument("model", help="model directory (HF format) or preset name")
@@ -20,8 +19,7 @@ def register(sub):
 
 
 def run(args) -> int:
-    from asap.cli import config_from_args
-    from asap.config import RuntimeConfig
+    from asap.config import RuntimeConfig, config_from_args
     from asap.server.config import ServerConfig
     from asap.server.connections import ConnectionConfig
     from asap.server.serve import serve

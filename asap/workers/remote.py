@@ -35,8 +35,7 @@ class _Report:
 
 
 def register(sub):
-    from asap.cli import add_config_flags
-    from asap.config import RuntimeConfig
+    from asap.config import RuntimeConfig, add_config_flags
     p = sub.add_parser("expert-worker", help="run expert workers for a remote engine (under torchrun)",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="preset name or HF model directory (same as the engine's)")
@@ -52,9 +51,8 @@ def register(sub):
 
 def remote_spec(args):
     """The WorkerSpec of this expert worker: dtype and device from the flags, not assumed."""
-    from asap.cli import config_from_args
-    from asap.config import ModelConfig, RuntimeConfig
-    from asap.engine.layout import build_layout
+    from asap.config import ModelConfig, RuntimeConfig, config_from_args
+    from asap.workers.layout import build_layout
     from asap.model.loader import runtime_dtype
     from asap.model.materialize import resolve_model
     rt = config_from_args(RuntimeConfig, args, remote_experts=True)
