@@ -1,8 +1,10 @@
 """asap.comm: how attention and expert workers talk.
 
 headers.py     Header / Kind: the typed control-plane half of a message
-transport.py   Transport / TransportSpec interfaces, CommTimeout, the shared wire format
-ring.py, shm.py    shared-memory transport (default on one machine)
+transport.py   Transport / TransportSpec interfaces, CommTimeout, the shared wire format, Rows, BufferPool
+ring.py, shm.py    shared-memory transport (default on one machine; >= 1 MiB messages streamed)
+semaphore.py   named POSIX semaphores: the shm transport's wake-ups (pid in the name: swept after a kill)
+loopback.py    a rank's messages to itself
 dist.py        torch.distributed point-to-point transport (gloo on CPU, NCCL on GPU)
 mailbox.py     Mailbox: drains a transport and files messages by kind
 primitives.py  dispatch_send / dispatch_recv / combine_send / combine_recv
