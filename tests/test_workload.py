@@ -204,3 +204,25 @@ def test_real_mooncake_trace_loads_and_rescales():
     assert len(tr) == 12031 and tr.input_lengths.mean() == pytest.approx(12035, rel=0.01)
     reqs = replace(Workload(trace=REAL_TRACE, num_requests=500, with_prompts=False), rate=3.0).build()
     assert (len(reqs) - 1) / reqs[-1].arrival == pytest.approx(3.0)
+
+
+def test_slo_specs_as_peers_write_them_and_the_same_deadlines_for_every_engine():
+    from asap.scheduler.request import Request
+    from asap.workload.slo import SLO, parse_slo
+    assert parse_slo("ttft:5000") == SLO(5.0) == parse_slo("5s") == parse_slo("5000ms")
+    slo = parse_slo("2s+1ms/tok")
+    assert slo.budget(4000) == pytest.approx(6.0) and slo.scaled(0.5).budget(4000) == pytest.approx(3.0)
+    reqs = slo.apply([Request(0, 1000, arrival=3.0), Request(1, 9000, arrival=4.0)])
+    assert [r.deadline for r in reqs] == pytest.approx([6.0, 15.0])
+    for bad in ("5", "2s+3s", "fast", "ttft:x"):
+        with pytest.raises(ValueError, match="SLO"):
+            parse_slo(bad)
+
+
+def test_named_workloads_and_unknown_names():
+    from asap.workload.presets import workload_requests
+    fixed = workload_requests("fixed-2k", 50)
+    assert len(fixed) == 50 and {r.num_tokens for r in fixed} == {2048} and fixed[-1].arrival > 0
+    assert all(r.deadline is None for r in fixed)
+    with pytest.raises(ValueError, match="unknown workload"):
+        workload_requests("nope", 10)
