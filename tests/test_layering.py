@@ -39,7 +39,6 @@ ALLOWED = {
     ("scheduler", "bench"),   # TODO cycle: scheduler -> bench (scheduler/cli.py)
     ("model", "cost"),        # TODO cycle: model -> cost (model/flops.py; cost imports config, which imports model)
     ("sim", "bench"),         # TODO cycle: sim -> bench (RequestResult, rate search, reports live in bench)
-    ("bench", "cli"),         # TODO cycle: bench -> cli (bench/cli.py: take the flag helpers from asap.config)
 }
 
 

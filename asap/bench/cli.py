@@ -37,7 +37,7 @@ from asap.workload import Workload
 
 
 def register(sub):
-    from asap.cli import add_config_flags
+    from asap.config import add_config_flags
     p = sub.add_parser("bench", help="benchmark engines, the simulator or a server side by side on one workload",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", action="append", choices=TARGETS,
@@ -81,7 +81,7 @@ def register(sub):
 
 def runtime_from_args(args) -> RuntimeConfig:
     """The engines' config; sync gets as many devices as async (A + E) unless --devices says otherwise."""
-    from asap.cli import config_from_args
+    from asap.config import config_from_args
     devices = args.devices if args.devices is not None else args.attention_workers + args.expert_workers
     return config_from_args(RuntimeConfig, argparse.Namespace(**{**vars(args), "devices": devices}))
 
