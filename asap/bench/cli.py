@@ -165,6 +165,9 @@ def bench_target(name: str, target, workload: Workload, args) -> tuple[list[dict
         search = find_max_rate(measure_at, args.target_attainment, lo=args.rate or 1.0, tol=args.tolerance,
                                max_iters=args.max_iters)
         best = runs.get(search["max_slo_rate"]) or runs[min(runs)]
+        if not search.get("valid", search["converged"]):
+            print(f"{target.label}: no maximum SLO rate reported: {search.get('reason') or 'search did not converge'}"
+                  f" (highest rate that passed: {search['max_slo_rate']:g} req/s, a lower bound)", file=sys.stderr)
         return [record_of(best, workload, search, **extra)], [best], {target.label: search["points"]}
     rates = [float(x) for x in args.rates.split(",")] if args.rates else [workload.rate]
     runs_list = [measure(target, dataclasses.replace(workload, rate=r)) for r in rates]

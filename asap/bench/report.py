@@ -41,9 +41,13 @@ def run_record(label: str, summary: dict, search: dict | None = None) -> dict:
     """One run's record: label + summary (+ max_slo_rate and search points from find_max_rate)."""
     record = {"label": label, **summary}
     if search is not None:
-        record["max_slo_rate"] = search["max_slo_rate"]
+        # A maximum only from a search that converged on a steady state; otherwise a lower bound, and why.
+        valid = search.get("valid", search["converged"] and search["max_slo_rate"] > 0)
+        record["max_slo_rate"] = search["max_slo_rate"] if valid else None
+        if not valid:
+            record["slo_rate_lower_bound"] = search["max_slo_rate"]
         record["search"] = {"target": search["target"], "tolerance": search["tolerance"],
-                            "converged": search["converged"],
+                            "converged": search["converged"], "valid": valid, "reason": search.get("reason"),
                             "points": [{"rate": rate, "summary": s} for rate, s in search["points"]]}
     return record
 

@@ -22,9 +22,10 @@ import numpy as np
 
 from asap.scheduler.request import Request
 from asap.sim.run import run
+from asap.workload.traces import default_trace_path
 from asap.workload.workload import Workload
 
-TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+TRACE = default_trace_path()   # shipped in the package; --trace PATH takes the full files
 SLO_SCALE = 5.0
 TARGET = 0.9
 LABEL = "SIMULATED"

@@ -1,6 +1,6 @@
 """Named workloads for the tuner and the headline: a name (or a trace path) -> requests without deadlines.
 
-- "conversation": Mooncake's conversation trace (../shared/traces/), its own bursty arrivals
+- "conversation": Mooncake's conversation trace (the shipped sample, or the full file from $ASAP_TRACE_DIR), its own bursty arrivals
 - "synthetic":    Mooncake's synthetic trace, its own (Poisson) arrivals
 - "fixed-2k", "fixed-4k", "fixed-8k": fixed prompt lengths, Poisson arrivals
 - "lognormal":    log-normal lengths (mean 4K, sigma 1), Poisson arrivals
@@ -12,14 +12,16 @@ chunk attends to the KV of the earlier chunks), and the tuner's attention TP sho
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from asap.scheduler.request import Request
 from asap.workload.arrivals import Poisson
 from asap.workload.lengths import Fixed, LogNormal
+from asap.workload.traces import default_trace_path
 from asap.workload.workload import Workload
 
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TRACE_DIR_ENV = "ASAP_TRACE_DIR"   # a folder with the full Mooncake traces (e.g. ../shared/traces)
 TRACES = {"conversation": "mooncake_conversation.jsonl", "synthetic": "mooncake_synthetic.jsonl"}
 SYNTHETIC = {"fixed-2k": Fixed(2048), "fixed-4k": Fixed(4096), "fixed-8k": Fixed(8192),
              "lognormal": LogNormal(4096, 1.0)}
@@ -27,10 +29,18 @@ NAMES = (*TRACES, *SYNTHETIC)
 
 
 def trace_path(name: str) -> Path:
-    p = SHARED_TRACES / TRACES[name]
-    if not p.is_file():
-        raise ValueError(f"workload {name!r}: trace {p} not found (the Mooncake traces live in ../shared/traces/)")
-    return p
+    """The full trace from $ASAP_TRACE_DIR when set; else, for "conversation", the sample shipped in the package
+    (its first 3,658 requests). Nothing outside the package is looked up by default."""
+    folder = os.environ.get(TRACE_DIR_ENV)
+    if folder:
+        p = Path(folder) / TRACES[name]
+        if not p.is_file():
+            raise ValueError(f"workload {name!r}: {p} not found (${TRACE_DIR_ENV}={folder})")
+        return p
+    if name == "conversation":
+        return default_trace_path()
+    raise ValueError(f"workload {name!r} needs the full Mooncake traces: set {TRACE_DIR_ENV} to the folder "
+                     f"holding {TRACES[name]}")
 
 
 def workload_requests(name: "str | Path", num_requests: int, seed: int = 0,
