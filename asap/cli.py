@@ -14,7 +14,7 @@ COMMANDS = [
     "asap.bench.cli",        # bench
     "asap.demo.cli",         # demo
     "asap.workers.remote",   # expert-worker (remote experts under torchrun)
-    "asap.scheduler.cli",    # plan, ablation
+    "asap.bench.plan_cli",   # plan, ablation
     "asap.sim.cli",          # sim, profile
     "asap.server.cli",       # serve
 ]
