@@ -36,7 +36,7 @@ def main(argv=None):
     import transformers
 
     import asap
-    from asap.model.flops import prefill_flops
+    from asap.cost.flops import prefill_flops
     from asap.model.materialize import resolve_model
 
     path = resolve_model(args.preset)

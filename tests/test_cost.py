@@ -5,7 +5,7 @@ import pytest
 from asap.cost import ops
 from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
-from asap.model.flops import attention_flops, prefill_flops
+from asap.cost.flops import attention_flops, prefill_flops
 from asap.sim.run import get_model, uniform_shares
 from asap.workers.costs import CostTable
 

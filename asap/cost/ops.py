@@ -1,7 +1,7 @@
 """Every FLOP, byte and pair formula of a prefill, written once.
 
 The cost model (asap.cost.model), the emulated workers' cost table
-(asap.workers.costs), the simulator and asap.model.flops all count work with
+(asap.workers.costs), the simulator and asap.cost.flops all count work with
 these functions, so none of them can drift from the others.
 
 Shape legend: D hidden, H heads, E experts, k top-k, I expert width, T tokens,
