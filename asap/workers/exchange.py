@@ -42,43 +42,59 @@ class _Stamped:
         return getattr(self.transport, name)
 
 
-class PointToPoint:
-    def __init__(self, transport, mailbox, dest, replica: int, spans):
-        self.transport, self.mailbox, self.dest, self.replica, self.spans = transport, mailbox, dest, replica, spans
+class _Exchange:
+    """What both exchanges share: the epoch-stamped send side, combine arrival times, and `abandon`."""
+
+    def __init__(self, transport, mailbox, dest, owner: int, spans):
+        self.transport, self.mailbox, self.dest, self.owner, self.spans = transport, mailbox, dest, owner, spans
         self.inbox = CombineInbox(mailbox)
-        self.epoch = self.seq = 0
+        self._out = _Stamped(transport, 0)
+        self._pending: dict[tuple[int, int], object] = {}    # (mb, layer) -> what combine waits on
+        self._arrived: dict[tuple[int, int], float] = {}     # (mb, layer) -> when its combine was filed
+
+    @property
+    def epoch(self) -> int:
+        return self._out.epoch
+
+    def poll(self) -> None:
+        self.mailbox.pump(0)
+
+    def arrival(self, mb: int, layer: int) -> float | None:
+        return self._arrived.get((mb, layer))
+
+    def _received(self, mb: int, layer: int, pc, fallback: float) -> None:
+        self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, fallback)
+        self.mailbox.forget(pc.key)
+
+    def abandon(self) -> None:
+        self._out.epoch += 1
+        self._pending.clear()
+        self._arrived.clear()
+        self.mailbox.advance_epoch(self.owner, self._out.epoch)
+
+
+class PointToPoint(_Exchange):
+    def __init__(self, transport, mailbox, dest, replica: int, spans):
+        super().__init__(transport, mailbox, dest, replica, spans)
+        self.replica = replica
+        self.seq = 0
         self.deadlines: list[float] = []          # per micro-batch of the current step (deadline-first experts)
-        self._pending: dict[tuple[int, int], tuple] = {}    # (mb, layer) -> (PendingCombine, sent_at)
-        self._arrived: dict[tuple[int, int], float] = {}
 
     def dispatch(self, mb: int, layer: int, out) -> None:
         deadline = self.deadlines[mb] if mb < len(self.deadlines) else math.inf
-        pc = dispatch_send(_Stamped(self.transport, self.epoch), out.x, out.topk_ids, out.topk_weights,
+        pc = dispatch_send(self._out, out.x, out.topk_ids, out.topk_weights,
                            self.dest(layer, out.topk_ids), replica=self.replica, layer=layer, microbatch=mb,
                            seq=self.seq, deadline=deadline)
         self.seq += 1
         self._pending[(mb, layer)] = (pc, time.monotonic())
         self._arrived.pop((mb, layer), None)
 
-    def poll(self) -> None:
-        self.mailbox.pump(0)
-
     def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
         pc, sent_at = self._pending.pop((mb, layer))
         with self.spans.span("stall"):
             partial = combine_recv(self.inbox, pc, timeout=timeout)
-        self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, sent_at)
-        self.mailbox.forget(pc.key)
+        self._received(mb, layer, pc, sent_at)
         return partial
-
-    def arrival(self, mb: int, layer: int) -> float | None:
-        return self._arrived.get((mb, layer))
-
-    def abandon(self) -> None:
-        self.epoch += 1
-        self._pending.clear()
-        self._arrived.clear()
-        self.mailbox.advance_epoch(self.replica, self.epoch)
 
 
 class _KeySelector:
@@ -91,16 +107,14 @@ class _KeySelector:
         return [i for i, w in enumerate(ready) if (w.key[4], w.key[2], w.key[3]) == self.key]
 
 
-class AllToAll:
+class AllToAll(_Exchange):
     def __init__(self, transport, mailbox, dest, rank: int, compute, spans):
-        self.transport, self.mailbox, self.dest, self.rank = transport, mailbox, dest, rank
-        self.compute, self.spans = compute, spans
+        super().__init__(transport, mailbox, dest, rank, spans)
+        self.rank, self.compute = rank, compute
         self.ranks = list(range(transport.world_size))
-        self.inbox, self.queue = CombineInbox(mailbox), WorkQueue(mailbox)
-        self.epoch = self.step = 0
-        self._pending: dict[tuple[int, int], object] = {}   # (mb, layer) -> PendingCombine
+        self.queue = WorkQueue(mailbox)
+        self.step = 0
         self._to_serve: deque[tuple[int, int, int]] = deque()   # (step, layer, mb), in dispatch order
-        self._arrived: dict[tuple[int, int], float] = {}
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -110,15 +124,12 @@ class AllToAll:
             self.mailbox.num_dropped += len(stale)
 
     def dispatch(self, mb: int, layer: int, out) -> None:
-        pc = dispatch_send(_Stamped(self.transport, self.epoch), out.x, out.topk_ids, out.topk_weights,
+        pc = dispatch_send(self._out, out.x, out.topk_ids, out.topk_weights,
                            self.dest(layer, out.topk_ids), replica=self.rank, layer=layer, microbatch=mb,
                            seq=self.step, always_to=self.ranks)
         self._pending[(mb, layer)] = pc
         self._to_serve.append((self.step, layer, mb))
         self._arrived.pop((mb, layer), None)
-
-    def poll(self) -> None:
-        self.mailbox.pump(0)
 
     def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
         """Serve this shard for every key whose N dispatches are in (in order) until (mb, layer)'s own
@@ -143,19 +154,12 @@ class AllToAll:
             self.mailbox.pump(wait)
             self.spans.add("stall", t0, time.monotonic())
         partial = combine_recv(self.inbox, pc, timeout=0)
-        self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, time.monotonic())
-        self.mailbox.forget(pc.key)
+        self._received(mb, layer, pc, time.monotonic())
         return partial
 
-    def arrival(self, mb: int, layer: int) -> float | None:
-        return self._arrived.get((mb, layer))
-
     def abandon(self) -> None:
-        self.epoch += 1
-        self._pending.clear()
         self._to_serve.clear()
-        self._arrived.clear()
-        self.mailbox.advance_epoch(self.rank, self.epoch)
+        super().abandon()
 
     def _all_in(self, key) -> bool:
         return sum((w.header.seq, w.header.layer, w.header.microbatch) == key
