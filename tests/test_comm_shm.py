@@ -215,7 +215,7 @@ def test_segments_of_a_killed_process_group_are_swept_at_the_next_start(tmp_path
 
 
 def test_segments_of_a_live_owner_are_left_alone():
-    from asap.comm.shm import sweep_dead_segments
+    from asap.comm.shm_names import sweep_dead_segments
     spec = ShmTransportSpec(2, ring_bytes=4096)
     try:
         sweep_dead_segments()

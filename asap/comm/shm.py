@@ -23,8 +23,7 @@ Two threads of one rank may receive at once (the sync loop's idle listener recei
 while the main thread's send, finding its ring full, drains the inbound rings): taking
 a record off the inbound rings (and its pooled buffer) is serialised by one lock.
 
-Segment and semaphore names carry the creating process's pid
-(asap<pid>_<token>_<src>_<dst>, sem.asap<pid>_<token>_d<rank> / _s<rank>); a new
+Segment and semaphore names carry the creating process's pid (shm_names.py); a new
 spec first unlinks those whose creator is dead, so a SIGKILL of the whole process
 group (no cleanup ran) leaks nothing past the next start.
 """
@@ -32,8 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
-import secrets
 import threading
 import time
 from collections import deque
@@ -44,6 +41,7 @@ import torch
 from asap.comm.headers import Header
 from asap.comm.ring import ALIGN, Ring, padded
 from asap.comm.semaphore import NamedSemaphore
+from asap.comm.shm_names import new_prefix, sweep_dead_segments
 from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport,
                                  TransportSpec, check_tensors, nbytes, pack_envelope_into, unpack_envelope)
 
@@ -57,38 +55,7 @@ _SPIN_S = 100e-6
 # copies each chunk out while the sender writes the next, so a big message costs ~one copy, not two.
 _STREAM_BYTES = 1 << 20
 _CHUNK = 1 << 20
-_SHM_DIR = "/dev/shm"
-_NAME = re.compile(r"(?:sem\.)?asap(\d+)_[0-9a-f]{8}_(?:\d+_\d+|[ds]\d+)")
 _ENV = padded(ENVELOPE_BYTES, ALIGN)
-
-
-def sweep_dead_segments(shm_dir: str = _SHM_DIR) -> list[str]:
-    """Unlink the ring segments and semaphores whose creating process is gone; returns their names."""
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return []
-    gone = []
-    for name in names:
-        m = _NAME.fullmatch(name)
-        if m is None or _alive(int(m.group(1))):
-            continue
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            gone.append(name)
-        except OSError:
-            pass
-    return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:      # someone else's process: alive
-        pass
-    return True
 
 
 class ShmTransportSpec(TransportSpec):
@@ -111,7 +78,7 @@ class ShmTransportSpec(TransportSpec):
         self.pairs = tuple(sorted(set(pairs)))
         self.send_timeout = send_timeout
         sweep_dead_segments()
-        self.prefix = f"asap{os.getpid()}_{secrets.token_hex(4)}"
+        self.prefix = new_prefix()
         self._owned: list[shared_memory.SharedMemory] = []
         self._owned_sems: list[str] = []
         self._data: tuple[NamedSemaphore, ...] = ()
