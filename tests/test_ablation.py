@@ -8,7 +8,7 @@ import pytest
 
 from asap.bench.ablation import ROW_KEYS, AdmittingRouter, Settings, ablation, configs, fill_slots
 from asap.bench.ablation_report import format_ablation
-from asap.bench.metrics import RequestResult
+from asap.measure.metrics import RequestResult
 from asap.cli import main
 from asap.scheduler.expert_select import AggregationWindow, DeadlineFirst, OldestFirst
 from asap.scheduler.router import QueueAwareRouter, RoundRobinRouter

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from asap.bench.cli import build_workload, parse_lengths, register, runtime_from_args
-from asap.bench.metrics import SUMMARY_KEYS
+from asap.measure.metrics import SUMMARY_KEYS
 from asap.cli import main
 from asap.workload import Fixed, LogNormal, Uniform
 

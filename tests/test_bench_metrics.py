@@ -1,8 +1,8 @@
-"""Promises of asap.bench.metrics.summarize."""
+"""Promises of asap.measure.metrics.summarize."""
 import numpy as np
 import pytest
 
-from asap.bench.metrics import SUMMARY_KEYS, RequestResult, summarize
+from asap.measure.metrics import SUMMARY_KEYS, RequestResult, summarize
 from asap.scheduler.request import Request
 
 
@@ -69,7 +69,7 @@ def test_bad_summary_arguments_raise():
 
 # ---- vLLM's result keys ----
 
-from asap.bench.metrics import parse_goodput, parse_metrics, parse_percentiles, vllm_metrics  # noqa: E402
+from asap.measure.metrics import parse_goodput, parse_metrics, parse_percentiles, vllm_metrics  # noqa: E402
 
 
 def test_vllm_keys_match_vllms_definitions():

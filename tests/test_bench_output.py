@@ -1,10 +1,10 @@
-"""Promises of asap.bench.report and asap.bench.plots: table, JSON, PNGs, Chrome trace."""
+"""Promises of asap.measure.report and asap.bench.plots: table, JSON, PNGs, Chrome trace."""
 import json
 
 import pytest
 
 from asap.bench import RequestResult, find_max_rate, format_table, run_record, summarize, write_chrome_trace, write_json
-from asap.bench.metrics import SUMMARY_KEYS
+from asap.measure.metrics import SUMMARY_KEYS
 from asap.bench.plots import plot_attainment_vs_rate, plot_timeline, plot_ttft_cdf
 
 SPANS = [{"worker": "attn0", "kind": "compute", "start": 0.0, "end": 0.010},

@@ -1,7 +1,7 @@
-"""Promises of asap.bench.rate_search.find_max_rate, on synthetic measure functions."""
+"""Promises of asap.measure.rate_search.find_max_rate, on synthetic measure functions."""
 import pytest
 
-from asap.bench.rate_search import find_max_rate
+from asap.measure.rate_search import find_max_rate
 
 
 def step(threshold):

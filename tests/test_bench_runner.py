@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from asap.bench import RequestResult, ReplayTarget, SimulatedTarget, find_max_rate, future_submit, rate_measure, replay
-from asap.bench.metrics import summarize
+from asap.measure.metrics import summarize
 from asap.scheduler.request import Request
 from asap.workload import Constant, Fixed, Workload
 

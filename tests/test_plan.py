@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asap.bench.metrics import RequestResult
+from asap.measure.metrics import RequestResult
 from asap.cli import main
 from asap.scheduler.request import Request
 from asap.sim.plan import apply_slo, plan

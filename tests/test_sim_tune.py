@@ -2,7 +2,7 @@
 run as they say, and no maximum reported from a burst or a search that did not converge."""
 import pytest
 
-from asap.bench.rate_search import burst_limit, find_max_rate
+from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.scheduler.request import Request
 from asap.sim.run import run
 from asap.sim.tune import EngineConfig, space, tune

@@ -8,7 +8,7 @@ import pytest
 from asap.config import ModelConfig
 from asap.model.presets import preset_config
 from asap.sim.hardware import PROFILE_DIR, get_hardware
-from asap.sim.validate import LABELS, PAIRS, STATS, errors, report, validate, workload
+from asap.bench.validate import LABELS, PAIRS, STATS, errors, report, validate, workload
 
 SHIPPED = str(PROFILE_DIR / "cpu.json")
 

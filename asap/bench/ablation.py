@@ -9,7 +9,7 @@ Rows (async rows share one A:E layout):
     async all on               every optimization on (k = adaptive depth)
     async all on - <one>       with --leave-one-out: every optimization but one
 Per row: SLO-compliant throughput (highest rate with >= 90% of requests within their TTFT SLO,
-asap.bench.rate_search.find_max_rate) and P90 TTFT / attainment at one reference rate for all rows
+asap.measure.rate_search.find_max_rate) and P90 TTFT / attainment at one reference rate for all rows
 (default: the plain async row's SLO-compliant rate).
 
 Backends: "sim" (default; the discrete-event simulator, SIMULATED, deterministic for a seed) and
@@ -23,8 +23,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from asap.bench.metrics import summarize
-from asap.bench.rate_search import find_max_rate
+from asap.measure.metrics import summarize
+from asap.measure.rate_search import find_max_rate
 from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.expert_select import make_selector
 from asap.scheduler.router import QueueAwareRouter, make_router

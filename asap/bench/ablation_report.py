@@ -1,7 +1,7 @@
 """The `asap ablation` table: rows of asap.bench.ablation.ablation()'s result, with the settings stated."""
 from __future__ import annotations
 
-from asap.bench.report import cell, text_table
+from asap.measure.report import cell, text_table
 
 
 def format_ablation(res: dict) -> str:

@@ -21,16 +21,13 @@ import argparse
 import dataclasses
 import re
 import sys
-import time
-from collections import Counter
-from dataclasses import dataclass
 
 from asap.bench.datasets import add_workload_flags, build_workload, parse_lengths  # noqa: F401 (re-exported)
-from asap.bench.metrics import RequestResult, parse_goodput, parse_metrics, parse_percentiles, summarize, \
-    vllm_metrics
-from asap.bench.rate_search import find_max_rate
-from asap.bench.report import format_table, run_record, text_table, write_chrome_trace, write_json, \
+from asap.measure.metrics import parse_goodput, parse_metrics, parse_percentiles, vllm_metrics
+from asap.measure.rate_search import find_max_rate
+from asap.measure.report import format_table, run_record, text_table, write_chrome_trace, write_json, \
     write_result_files
+from asap.bench.runner import Run, measure
 from asap.bench.targets import TARGETS, close_target, make_target, model_config, needs_prompts
 from asap.config import RuntimeConfig
 from asap.workload import Workload
@@ -94,45 +91,6 @@ def describe_slo(w: Workload) -> str:
     if w.slo_per_token_s is not None:
         return f"TTFT <= {w.slo_per_token_s * 1000:.3g} ms x prompt tokens"
     return "none"
-
-
-@dataclass
-class Run:
-    """One target on one workload at one rate."""
-    label: str
-    rate: float | None
-    results: list[RequestResult]
-    summary: dict
-    workers: dict
-    spans: list
-    wall_s: float
-
-
-def measure(target, workload: Workload) -> Run:
-    requests = workload.build()
-    t0 = time.monotonic()
-    results = target.run(requests)
-    wall = time.monotonic() - t0
-    if sorted(r.request_id for r in results) != [r.id for r in requests]:
-        raise RuntimeError(f"{target.label}: {len(results)} results for {len(requests)} requests")
-    workers = target.workers() if hasattr(target, "workers") else {}
-    spans = target.spans() if hasattr(target, "spans") else []
-    run = Run(target.label, workload.rate, results, summarize(results), workers, spans, wall)
-    att = run.summary.get("slo_attainment")
-    print(f"[bench] {target.label}: {len(results)} requests" + (f" at {workload.rate:g} req/s" if workload.rate else "")
-          + (f", SLO attainment {att:.3f}" if att is not None else "")
-          + (f", TTFT p90 {p90:.0f} ms" if (p90 := run.summary["ttft_p90_ms"]) is not None else "")
-          + f", {run.summary['num_failed']} failed ({wall:.0f} s)", file=sys.stderr, flush=True)
-    if run.summary["num_failed"]:
-        print(f"[bench] {target.label}: failures: {failure_reasons(results)}", file=sys.stderr, flush=True)
-    return run
-
-
-def failure_reasons(results: list[RequestResult], most: int = 3) -> str:
-    """The commonest failure reasons with their counts, e.g. "HTTP 404: model 'x' not found (3x)"."""
-    counts = Counter(r.error or "no first token" for r in results if not r.ok)
-    return "; ".join(f"{e} ({n}x)" for e, n in counts.most_common(most)) + \
-        (f"; and {len(counts) - most} other reasons" if len(counts) > most else "")
 
 
 def vllm_options(args) -> dict:

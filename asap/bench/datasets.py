@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from asap.scheduler.request import Request
-from asap.bench.metrics import parse_goodput
+from asap.measure.metrics import parse_goodput
 from asap.workload import Constant, Fixed, Gamma, LogNormal, Poisson, Uniform, Workload
 from asap.workload.traces import default_trace_path
 

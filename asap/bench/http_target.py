@@ -20,7 +20,7 @@ import time
 
 import httpx
 
-from asap.bench.metrics import RequestResult
+from asap.measure.metrics import RequestResult
 from asap.bench.runner import FirstToken, replay
 from asap.scheduler.request import Request
 

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from asap.bench.metrics import RequestResult
-from asap.bench.report import SPAN_KINDS, check_spans
+from asap.measure.metrics import RequestResult
+from asap.measure.report import SPAN_KINDS, check_spans
 
 KIND_COLORS = {"compute": "tab:green", "stall": "tab:red", "idle": "lightgray"}
 

@@ -27,17 +27,20 @@ waits for a free slot and its clock starts when it is sent, as in
 from __future__ import annotations
 
 import asyncio
+import sys
 import dataclasses
 import time
 import warnings
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
 from tqdm import tqdm
 
-from asap.bench.metrics import RequestResult, summarize
+from asap.measure.metrics import RequestResult, summarize
 from asap.scheduler.request import Request
+from asap.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -157,3 +160,42 @@ def rate_measure(target: Target, workload, slo: float | None = None) -> Callable
         requests = dataclasses.replace(workload, rate=rate).build()
         return summarize(target.run(requests), slo=slo)
     return measure
+
+
+@dataclass
+class Run:
+    """One target on one workload at one rate."""
+    label: str
+    rate: float | None
+    results: list[RequestResult]
+    summary: dict
+    workers: dict
+    spans: list
+    wall_s: float
+
+
+def measure(target, workload: Workload) -> Run:
+    requests = workload.build()
+    t0 = time.monotonic()
+    results = target.run(requests)
+    wall = time.monotonic() - t0
+    if sorted(r.request_id for r in results) != [r.id for r in requests]:
+        raise RuntimeError(f"{target.label}: {len(results)} results for {len(requests)} requests")
+    workers = target.workers() if hasattr(target, "workers") else {}
+    spans = target.spans() if hasattr(target, "spans") else []
+    run = Run(target.label, workload.rate, results, summarize(results), workers, spans, wall)
+    att = run.summary.get("slo_attainment")
+    print(f"[bench] {target.label}: {len(results)} requests" + (f" at {workload.rate:g} req/s" if workload.rate else "")
+          + (f", SLO attainment {att:.3f}" if att is not None else "")
+          + (f", TTFT p90 {p90:.0f} ms" if (p90 := run.summary["ttft_p90_ms"]) is not None else "")
+          + f", {run.summary['num_failed']} failed ({wall:.0f} s)", file=sys.stderr, flush=True)
+    if run.summary["num_failed"]:
+        print(f"[bench] {target.label}: failures: {failure_reasons(results)}", file=sys.stderr, flush=True)
+    return run
+
+
+def failure_reasons(results: list[RequestResult], most: int = 3) -> str:
+    """The commonest failure reasons with their counts, e.g. "HTTP 404: model 'x' not found (3x)"."""
+    counts = Counter(r.error or "no first token" for r in results if not r.ok)
+    return "; ".join(f"{e} ({n}x)" for e, n in counts.most_common(most)) + \
+        (f"; and {len(counts) - most} other reasons" if len(counts) > most else "")

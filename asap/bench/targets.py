@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from asap.bench.http_target import HttpTarget
-from asap.bench.metrics import RequestResult
+from asap.measure.metrics import RequestResult
 from asap.bench.runner import SimulatedTarget, future_submit, replay
 from asap.config import ModelConfig, RuntimeConfig
 from asap.scheduler.request import Request

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from asap.bench.report import write_chrome_trace
+from asap.measure.report import write_chrome_trace
 from asap.demo.emulated import format_emulated, run_emulated
 from asap.demo.real import format_real, run_real
 from asap.demo.report import summary_lines

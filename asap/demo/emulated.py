@@ -14,8 +14,8 @@ import dataclasses
 import os
 import time
 
-from asap.bench.cli import Run
-from asap.bench.metrics import summarize
+from asap.bench.runner import Run
+from asap.measure.metrics import summarize
 from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
 from asap.demo.settings import DemoSettings, demo_requests

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from asap.bench.metrics import summarize
+from asap.measure.metrics import summarize
 from asap.demo.settings import DemoSettings, demo_requests
 from asap.demo.tuning import tuned_configs
 from asap.sim.run import run

@@ -10,7 +10,7 @@ and `asap demo` reads the result (`asap demo --retune` reruns it first). Keys na
 depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry
 the demo falls back to the analytic split, and says so). Each entry also records a fingerprint of the
-code the result depends on (asap/cost, asap/sim, asap/scheduler); when that code has changed since,
+code the result depends on (asap/cost, asap/sim, asap/scheduler, asap/measure); when that code has changed since,
 the demo says the tuning is stale, and the live simulations it prints show by how much.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.p
 
 
 def fingerprint() -> str:
-    """A hash of the sources the tuner's answer depends on: the cost model, the simulator, the policies."""
+    """A hash of the sources the tuner's answer depends on: cost model, simulator, policies, rate search."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for sub in ("cost", "sim", "scheduler"):
+    for sub in ("cost", "sim", "scheduler", "measure"):
         for f in sorted((root / sub).rglob("*.py")):
             if sub == "sim" and f.name in NOT_SIMULATION:
                 continue
@@ -99,7 +99,7 @@ def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: 
     entry = None if retune else table.get(k)
     source = "tuned offline (asap/demo/tuned.json)"
     if entry is not None and entry.get("fingerprint") != fingerprint():
-        source = ("tuned offline on older code: STALE (asap/cost, asap/sim or asap/scheduler changed since; "
+        source = ("tuned offline on older code: STALE (asap/cost, asap/sim, asap/scheduler or asap/measure changed since; "
                   "rerun `python -m asap.demo.tuning`)")
     if retune:
         entry, source = tune_now(s, devices, emulatable_only), "tuned just now"

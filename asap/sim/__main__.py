@@ -43,7 +43,7 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
 
 def add_commands(sub) -> None:
     """headline, calibrate, speed, trace and validate, for `python -m asap.sim` and `asap sim`."""
-    from asap.sim.validate import add_parser as add_validate
+    from asap.bench.validate import add_parser as add_validate
     h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
@@ -98,7 +98,7 @@ def run_command(a) -> int:
     elif a.cmd == "trace":
         trace(a.out, a.engine, a.devices, a.rate, a.start, a.length, a.num_requests)
     else:
-        from asap.sim.validate import run_args
+        from asap.bench.validate import run_args
         return run_args(a)
     return 0
 

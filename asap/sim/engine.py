@@ -4,7 +4,7 @@ so a difference between them can only come from synchronisation.
 """
 from __future__ import annotations
 
-from asap.bench.metrics import RequestResult
+from asap.measure.metrics import RequestResult
 from asap.scheduler.errors import QueueFull
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request

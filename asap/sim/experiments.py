@@ -11,7 +11,7 @@ of an n-token prompt alone on the idle SYNC system of the same device count. So:
   request waits for at least the step in progress, whatever its own size.
 SLO-compliant throughput is the highest request rate (the trace's arrival times rescaled,
 asap.workload.Workload's definition) at which >= 90% of requests meet their SLO, found
-by asap.bench.rate_search.find_max_rate (bracket, then bisect to 5%).
+by asap.measure.rate_search.find_max_rate (bracket, then bisect to 5%).
 """
 from __future__ import annotations
 

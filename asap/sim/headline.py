@@ -19,8 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from asap.bench.metrics import summarize
-from asap.bench.rate_search import burst_limit, find_max_rate
+from asap.measure.metrics import summarize
+from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.sim.experiments import at_rate
 from asap.sim.run import get_model, min_expert_workers, run

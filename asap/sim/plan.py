@@ -15,9 +15,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asap.bench.metrics import summarize
-from asap.bench.rate_search import find_max_rate
-from asap.bench.report import cell, text_table
+from asap.measure.metrics import summarize
+from asap.measure.rate_search import find_max_rate
+from asap.measure.report import cell, text_table
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo

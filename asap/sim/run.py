@@ -1,6 +1,6 @@
 """Build a simulated engine from plain arguments, run requests through it, return results.
 
-`simulate(requests, engine="async"|"sync", ...)` -> one asap.bench.metrics.RequestResult
+`simulate(requests, engine="async"|"sync", ...)` -> one asap.measure.metrics.RequestResult
 per request (request_id, arrival, num_tokens, ttft or error, deadline_s), in request
 order, so the benchmark tool can use the simulator as a target. `run(...)` returns
 the same plus engine statistics and trace spans. Policies (router, selector) may be
@@ -261,6 +261,6 @@ def _run_instances(own, engine, model_cfg, hardware, devices, attention_workers,
 
 def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
              devices: int = 32, attention_workers: int | None = None, **kw) -> list:
-    """Per-request results (asap.bench.metrics.RequestResult: request_id, arrival, num_tokens, ttft, error,
+    """Per-request results (asap.measure.metrics.RequestResult: request_id, arrival, num_tokens, ttft, error,
     deadline_s), in request order. Keyword arguments as for `run`."""
     return run(requests, engine, model_cfg, hardware, devices, attention_workers, **kw).results

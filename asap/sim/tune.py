@@ -11,7 +11,7 @@ Configuration spaces (`space`), the knobs each engine has in deployment:
         full), 2 micro-batches.
 Both spaces hold the same number of candidates. Search: every candidate gets a coarse rate search
 (tol COARSE_TOL); the best REFINE get a fine one (tol FINE_TOL). A candidate's answer counts only if its
-search is valid (asap.bench.rate_search: converged, not a burst). Each candidate simulates the first n
+search is valid (asap.measure.rate_search: converged, not a burst). Each candidate simulates the first n
 requests, n sized so the arrivals at its closed-batch capacity still span 10x the mean SLO budget
 (fewer requests where the burst rule allows); a search that hits the burst limit is rerun with 2n.
 """
@@ -21,8 +21,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from asap.bench.metrics import summarize
-from asap.bench.rate_search import burst_limit, find_max_rate
+from asap.measure.metrics import summarize
+from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
 from asap.scheduler.request import Request

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from asap.bench.metrics import summarize
+from asap.measure.metrics import summarize
 from asap.config import RuntimeConfig
 from asap.sim.hardware import Hardware, cpu_profile_path, get_hardware
 from asap.workload import Poisson, Uniform, Workload

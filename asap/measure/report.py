@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asap.bench.metrics import SUMMARY_KEYS
+from asap.measure.metrics import SUMMARY_KEYS
 
 SPAN_KINDS = ("compute", "stall", "idle")
 # The printed table: vLLM's headline keys, then ASAP's; per-metric statistics in between.
