@@ -125,3 +125,43 @@ def test_requests_past_the_shutdown_timeout_get_503_json_and_no_traceback(tmp_pa
             assert r.headers.get("retry-after") == "1"
     assert code == 0
     assert "Traceback" not in srv.log() and "CancelledError" not in srv.log(), srv.log()
+
+
+def test_a_request_cut_off_at_shutdown_takes_no_late_engine_result():
+    """cut_off answers a waiting request first; the engine's result arriving afterwards is dropped quietly."""
+    from concurrent.futures import Future
+
+    from asap.server.service import _follow
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        errors = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        engine_future = Future()
+        wait = _follow(engine_future)
+        wait.set_exception(RuntimeError("cut off"))
+        engine_future.set_result("late")             # as the engine thread would, after the cut-off
+        await asyncio.sleep(0.05)
+        follow_ok = _follow(Future())
+        return errors, wait, engine_future, follow_ok
+
+    errors, wait, engine_future, _ = asyncio.run(run())
+    assert errors == [], errors
+    assert isinstance(wait.exception(), RuntimeError) and engine_future.result() == "late"
+
+
+def test_a_followed_engine_future_delivers_its_result_and_error():
+    from concurrent.futures import Future
+
+    from asap.server.service import _follow
+
+    async def run():
+        ok, bad = Future(), Future()
+        w_ok, w_bad = _follow(ok), _follow(bad)
+        ok.set_result(7)
+        bad.set_exception(ValueError("x"))
+        await asyncio.wait([w_ok, w_bad], timeout=5)
+        return w_ok, w_bad
+
+    w_ok, w_bad = asyncio.run(run())
+    assert w_ok.result() == 7 and isinstance(w_bad.exception(), ValueError)

@@ -32,6 +32,34 @@ from asap.server.tokens import text_byte_cap
 RETRY = {"Retry-After": "1"}
 
 
+def _follow(future):
+    """An asyncio future that takes the engine future's outcome unless it was answered first (cut_off).
+
+    Not asyncio.wrap_future: a wrapped future must not be completed by anyone else (asyncio asserts when the
+    engine's result arrives later), and cancelling it would cancel the engine's own future."""
+    loop = asyncio.get_running_loop()
+    wait = loop.create_future()
+
+    def copy(f):
+        if wait.done():
+            return
+        if f.cancelled():
+            wait.cancel()
+        elif f.exception() is not None:
+            wait.set_exception(f.exception())
+        else:
+            wait.set_result(f.result())
+
+    def done(f):                # in the engine's thread
+        try:
+            loop.call_soon_threadsafe(copy, f)
+        except RuntimeError:    # the loop is closed: nobody waits any more
+            pass
+
+    future.add_done_callback(done)
+    return wait
+
+
 class PrefillService:
     def __init__(self, llm, cfg: ServerConfig, model_name: str, tokenizer=None):
         self.llm, self.cfg, self.model_name, self.tokenizer = llm, cfg, model_name, tokenizer
@@ -140,7 +168,7 @@ class PrefillService:
                 self.admission.release()
                 raise
             future.add_done_callback(self.admission.release)      # the slot is held until the engine is done
-            wait = asyncio.wrap_future(future)
+            wait = _follow(future)
             wait.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved even if abandoned
             self._waiting.add(wait)
             wait.add_done_callback(self._waiting.discard)
