@@ -2,7 +2,9 @@
 
 Times are seconds on one clock (wall time in the engines, virtual time in the
 simulator). `prompt` is None where only lengths matter (simulator, emulated
-compute); `num_tokens` is then the prompt length.
+compute); `num_tokens` is then the prompt length. `hash_ids` are the prompt's 512-token
+prefix-block hashes where a trace gives them (Mooncake), else empty; the simulator's prefix
+cache (asap/scheduler/prefix_cache.py) reads them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class Request:
     num_computed: int = 0                  # prompt tokens already prefilled (chunked prefill)
     priority: int = 0                      # higher runs first among equals; admission may demote to -1
     meta: dict = field(default_factory=dict)
+    hash_ids: tuple[int, ...] = ()         # one id per 512-token prefix block (an id names its whole prefix)
 
     def __post_init__(self):
         if self.prompt is not None and len(self.prompt) != self.num_tokens:

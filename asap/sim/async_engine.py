@@ -29,6 +29,7 @@ from asap.pipeline.depth import StepDepth
 from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 from asap.scheduler.expert_select import WorkInfo
 from asap.scheduler.microbatch import split_microbatches
+from asap.scheduler.prefix_cache import PrefixCache, PrefixCachedScheduler, cache_stats
 from asap.sim.cost import CostModel
 from asap.sim.engine import EngineBase, chunk_work
 from asap.sim.events import AttentionDone, ExpertDone, Kick, PoolWake
@@ -58,8 +59,11 @@ class Replica:
 class AsyncEngine(EngineBase):
     def __init__(self, cost: CostModel, num_attention: int, router, token_budget: int, shares: ExpertShares,
                  selector, microbatches: "int | str" = 2, order: str = "fcfs", max_queue: int = 1024,
-                 trace_window=None, trace_replicas: int = 8, adaptive: bool = False):
+                 trace_window=None, trace_replicas: int = 8, adaptive: bool = False,
+                 prefix_cache_blocks: int | None = None):
         super().__init__(cost, num_attention, router, token_budget, order, max_queue, trace_window)
+        if prefix_cache_blocks is not None:     # one cache per replica, the same policy as sync's DP groups
+            self.schedulers = [PrefixCachedScheduler.like(s, PrefixCache(prefix_cache_blocks)) for s in self.schedulers]
         if microbatches != "adaptive" and not (isinstance(microbatches, int) and microbatches >= 1):
             raise ValueError(f"microbatches must be an int >= 1 or 'adaptive', got {microbatches!r}")
         if microbatches == "adaptive":        # the runtime's adaptive_depth with its default microbatches
@@ -217,6 +221,8 @@ class AsyncEngine(EngineBase):
         return out
 
     def stats(self) -> dict:
-        return {"num_steps": self.num_steps, "expert_batches": self.num_batches,
-                "expert_busy_s": self.pool_busy_s,
-                "mean_expert_batch_tokens": self.batch_tokens / self.num_batches if self.num_batches else 0.0}
+        out = {"num_steps": self.num_steps, "expert_batches": self.num_batches,
+               "expert_busy_s": self.pool_busy_s,
+               "mean_expert_batch_tokens": self.batch_tokens / self.num_batches if self.num_batches else 0.0}
+        prefix = cache_stats(self.schedulers)
+        return out if prefix is None else {**out, "prefix_cache": prefix}

@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass, field
 
 from asap.config import ModelConfig
+from asap.cost.ops import ACT_BYTES
 from asap.model.presets import preset_config
 from asap.scheduler.expert_select import make_selector
+from asap.scheduler.prefix_cache import BLOCK_TOKENS
 from asap.scheduler.request import Request
 from asap.scheduler.router import make_router
 from asap.sim.async_engine import AsyncEngine
@@ -26,6 +28,7 @@ from asap.sim.simulator import Simulator
 from asap.sim.sync_engine import SyncEngine
 
 MEMORY_USABLE = 0.9     # fraction of device memory for weights; the rest for KV, activations, buffers
+CACHE_RESERVE = 1 - MEMORY_USABLE   # fraction of device memory a prefix cache leaves for activations, buffers
 
 
 @dataclass
@@ -87,6 +90,31 @@ def check_memory(engine: str, model: ModelConfig, hw: Hardware, devices: int, ex
                              f"need >= {min_expert_workers(model, hw)} expert workers")
 
 
+def prefix_cache_capacity(engine: str, model: ModelConfig, hw: Hardware, devices: int, attention_tp: int = 1) -> int:
+    """Prefix-cache blocks (BLOCK_TOKENS tokens each) of one replica: a sync DP group or an async attention
+    replica, each of attention_tp devices. `devices`: the devices of one sync instance (its EP width);
+    unused for async, whose attention devices hold no experts.
+
+        free per device = memory - weights per device - CACHE_RESERVE x memory
+            weights per device: sync  attention / tp + experts / devices;  async  attention / tp
+        blocks = floor(free per device x kv_split / (kv_bytes_per_token x BLOCK_TOKENS))
+            kv_bytes_per_token = cached elements per token and layer x ACT_BYTES x layers
+            kv_split: 1 for MLA (each TP device holds the whole latent), min(tp, KV heads) for GQA
+
+    DeepSeek-V3 on cloudmatrix384 (64 GB per die, FP8 weights): 576 x 2 x 61 = 70,272 B per token, 36.0 MB
+    per block; sync DP32 x TP1 leaves 64 - 6.4 - 17.1 - 20.4 = 20.0 GB -> 557 blocks (285K tokens) per DP
+    rank. Redundant (EPLB) expert copies and the KV of requests in flight are not subtracted.
+    """
+    a = model.attention_cost()
+    weights = attention_bytes(model, hw) / attention_tp
+    if engine == "sync":
+        weights += expert_bytes(model, hw) / devices
+    free = hw.memory_bytes * (1 - CACHE_RESERVE) - weights
+    kv_split = 1 if a.kv_layout == "mla" else min(attention_tp, a.kv_heads)
+    per_token = a.kv_cache_elems * ACT_BYTES * model.num_layers
+    return max(0, math.floor(free * kv_split / (per_token * BLOCK_TOKENS)))
+
+
 def uniform_shares(model: ModelConfig, workers: int) -> ExpertShares:
     slots = math.ceil(model.num_experts / workers)
     return ExpertShares(workers, (1.0 / workers,) * sum(model.moe_layers), slots)
@@ -135,9 +163,12 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
                  window_s: float = 0.0, microbatches: "int | str" = 2, two_batch_overlap: bool = True,
                  expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
                  redundant_experts: int | None = None, seed: int = 0, prompt_len: float = 4096,
-                 attention_tp: int = 1, trace_window: tuple[float, float] | None = None) -> "AsyncEngine | SyncEngine":
+                 attention_tp: int = 1, trace_window: tuple[float, float] | None = None,
+                 prefix_cache: bool = False, prefix_cache_blocks: int | None = None) -> "AsyncEngine | SyncEngine":
     """An engine ready for Arrival events, for ONE instance of `devices` devices; arguments as for `run`
     (prompt_len feeds `balanced_split`)."""
+    if prefix_cache_blocks is not None and not prefix_cache:
+        raise ValueError("prefix_cache_blocks overrides the prefix cache's capacity: set prefix_cache=True too")
     if engine not in ("async", "sync"):
         raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
     if not (isinstance(attention_tp, int) and attention_tp >= 1):
@@ -159,6 +190,10 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
             raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn} "
                              f"replicas x TP {attention_tp}")
     check_memory(engine, model, hw, devices, num_exp if engine == "async" else devices, attention_tp)
+    blocks = None
+    if prefix_cache:
+        blocks = prefix_cache_blocks if prefix_cache_blocks is not None else \
+            prefix_cache_capacity(engine, model, hw, devices, attention_tp)
     n_moe = sum(model.moe_layers)
     loads = expert_loads if expert_loads is not None else zipf_loads(n_moe, model.num_experts, zipf, seed)
     if len(loads) != n_moe or any(len(row) != model.num_experts for row in loads):
@@ -168,11 +203,12 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
         router = make_router(router, cost.replica_cost_fn())
     if engine == "sync":
         return SyncEngine(cost, num_attn, router, token_budget, shares, order=order, max_queue=max_queue,
-                          two_batch_overlap=two_batch_overlap, trace_window=trace_window)
+                          two_batch_overlap=two_batch_overlap, trace_window=trace_window,
+                          prefix_cache_blocks=blocks)
     if isinstance(selector, str):
         selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
     return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=microbatches,
-                       order=order, max_queue=max_queue, trace_window=trace_window)
+                       order=order, max_queue=max_queue, trace_window=trace_window, prefix_cache_blocks=blocks)
 
 
 def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
@@ -189,7 +225,9 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     / dp_size), attention_tp (async: per replica), router / selector (name or object),
     order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
     "adaptive", async), two_batch_overlap (sync), expert_loads ([moe_layer][expert], e.g.
-    RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1).
+    RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1),
+    prefix_cache (off by default: a PrefixCache per replica / DP group over the requests' hash_ids,
+    capacity `prefix_cache_capacity` unless prefix_cache_blocks says; stats["prefix_cache"] has the hits).
     Experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
     """
     own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]

@@ -22,6 +22,7 @@ import numpy as np
 
 from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 from asap.scheduler.microbatch import split_microbatches
+from asap.scheduler.prefix_cache import PrefixCache, PrefixCachedScheduler, cache_stats
 from asap.sim.cost import CostModel
 from asap.sim.engine import EngineBase, chunk_work
 from asap.sim.events import Kick, StepDone
@@ -31,8 +32,10 @@ from asap.sim.experts import ExpertShares
 class SyncEngine(EngineBase):
     def __init__(self, cost: CostModel, num_ranks: int, router, token_budget: int, shares: ExpertShares,
                  order: str = "fcfs", max_queue: int = 1024, two_batch_overlap: bool = True,
-                 trace_window=None, trace_ranks: int = 8):
+                 trace_window=None, trace_ranks: int = 8, prefix_cache_blocks: int | None = None):
         super().__init__(cost, num_ranks, router, token_budget, order, max_queue, trace_window)
+        if prefix_cache_blocks is not None:     # one cache per DP group, the same policy as async's replicas
+            self.schedulers = [PrefixCachedScheduler.like(s, PrefixCache(prefix_cache_blocks)) for s in self.schedulers]
         if shares.num_workers != num_ranks:
             raise ValueError(f"sync experts live on the {num_ranks} ranks; shares are for {shares.num_workers}")
         self.num_ranks, self.shares = num_ranks, shares
@@ -181,5 +184,7 @@ class SyncEngine(EngineBase):
                 self.span("rank", r, name, now + start[r], now + end[r], kind=kind)
 
     def stats(self) -> dict:
-        return {"num_steps": self.num_steps, "busy_s": self.busy_s, "tokens": self.rank_tokens,
-                "barrier_wait_rank_s": self.barrier_wait_s}
+        out = {"num_steps": self.num_steps, "busy_s": self.busy_s, "tokens": self.rank_tokens,
+               "barrier_wait_rank_s": self.barrier_wait_s}
+        prefix = cache_stats(self.schedulers)
+        return out if prefix is None else {**out, "prefix_cache": prefix}

@@ -2,13 +2,15 @@
 
 Both return a `Trace`: arrival times in seconds relative to the earliest
 request (so the trace starts at 0.0), sorted by arrival, with prompt and output
-lengths. Any problem with the file raises ValueError naming the file and, for a
-bad record, its 1-based line number.
+lengths, and the prompts' prefix-block hashes where the trace has them. Any
+problem with the file raises ValueError naming the file and, for a bad record,
+its 1-based line number.
 
 - Mooncake (`*.jsonl`): one JSON object per line with `timestamp` (ms),
-  `input_length`, `output_length` (other keys, e.g. `hash_ids`, are ignored).
+  `input_length`, `output_length` and optionally `hash_ids` (one int per 512-token
+  prefix block, at most ceil(input_length / 512) of them); other keys are ignored.
 - Azure (`*.csv`): header `TIMESTAMP,ContextTokens,GeneratedTokens`, where
-  TIMESTAMP is a datetime string such as `2023-11-16 18:15:46.6805900`.
+  TIMESTAMP is a datetime string such as `2023-11-16 18:15:46.6805900`. No block hashes.
 
 Either may be gzip-compressed (`*.jsonl.gz`, `*.csv.gz`). `default_trace_path()`
 is the Mooncake sample shipped inside the package (asap/workload/data/).
@@ -25,12 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
+from asap.scheduler.prefix_cache import BLOCK_TOKENS
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:
     arrivals: np.ndarray        # seconds from the first request, sorted
     input_lengths: np.ndarray   # int64 prompt tokens, >= 1
     output_lengths: np.ndarray  # int64 generated tokens, >= 0
+    hash_ids: tuple = ()        # per request, a tuple of prefix-block hashes; () when the trace has none
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -77,18 +82,29 @@ def _int_field(value, name: str, where: str, minimum: int) -> int:
     return x
 
 
-def _build(path, times: list[float], inputs: list[int], outputs: list[int]) -> Trace:
+def _hash_ids(value, input_length: int, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in value):
+        raise ValueError(f"{where}: hash_ids must be a list of integers")
+    most = -(-input_length // BLOCK_TOKENS)
+    if len(value) > most:
+        raise ValueError(f"{where}: {len(value)} hash_ids but input_length={input_length} holds at most {most} "
+                         f"blocks of {BLOCK_TOKENS} tokens")
+    return tuple(value)
+
+
+def _build(path, times: list[float], inputs: list[int], outputs: list[int], hashes: list | None = None) -> Trace:
     if not times:
         raise ValueError(f"{path}: trace has no requests")
     t = np.asarray(times, dtype=float)
     order = np.argsort(t, kind="stable")
     return Trace(arrivals=t[order] - t[order[0]],
                  input_lengths=np.asarray(inputs, dtype=np.int64)[order],
-                 output_lengths=np.asarray(outputs, dtype=np.int64)[order])
+                 output_lengths=np.asarray(outputs, dtype=np.int64)[order],
+                 hash_ids=tuple(hashes[i] for i in order) if hashes and any(hashes) else ())
 
 
 def read_mooncake(path: str | Path) -> Trace:
-    times, inputs, outputs = [], [], []
+    times, inputs, outputs, hashes = [], [], [], []
     with _open(path) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -109,7 +125,8 @@ def read_mooncake(path: str | Path) -> Trace:
             times.append(ts / 1000.0)
             inputs.append(_int_field(rec["input_length"], "input_length", where, 1))
             outputs.append(_int_field(rec["output_length"], "output_length", where, 0))
-    return _build(path, times, inputs, outputs)
+            hashes.append(_hash_ids(rec["hash_ids"], inputs[-1], where) if "hash_ids" in rec else ())
+    return _build(path, times, inputs, outputs, hashes)
 
 
 _FRACTION = re.compile(r"\.(\d+)")

@@ -23,7 +23,8 @@ Transformations, in order:
    `num_requests`; `with_prompts=False` leaves prompt None (simulator).
 
 Requests get ids 0..N-1 in arrival order; `meta["output_length"]` is set when a
-trace supplies it.
+trace supplies it, and `hash_ids` (prefix blocks, cut to the clipped length) when the trace has them
+and its lengths are kept unscaled (scaled or synthetic lengths have no block hashes).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asap.scheduler.prefix_cache import BLOCK_TOKENS
 from asap.scheduler.request import Request
 from asap.workload.arrivals import ArrivalProcess
 from asap.workload.lengths import LengthDistribution
@@ -97,6 +99,8 @@ class Workload:
         lengths = np.rint(np.asarray(raw) * self.length_scale).astype(np.int64)
         lengths = np.clip(lengths, self.min_tokens, self.max_tokens)
 
+        keep_hashes = trace is not None and self.lengths is None and self.length_scale == 1.0
+        hashes = trace.hash_ids if keep_hashes else ()
         requests = []
         for i in range(n):
             num_tokens = int(lengths[i])
@@ -104,7 +108,8 @@ class Workload:
             meta = {"output_length": int(trace.output_lengths[i])} if trace is not None else {}
             requests.append(Request(id=i, num_tokens=num_tokens, arrival=arrival,
                                     deadline=self._deadline(arrival, num_tokens),
-                                    prompt=self._prompt(i, num_tokens), meta=meta))
+                                    prompt=self._prompt(i, num_tokens), meta=meta,
+                                    hash_ids=hashes[i][:-(-num_tokens // BLOCK_TOKENS)] if hashes else ()))
         return requests
 
     def _scale_times(self, times: np.ndarray) -> np.ndarray:
