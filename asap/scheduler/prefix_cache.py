@@ -125,11 +125,18 @@ def cache_stats(schedulers) -> dict | None:
     cached = [s for s in schedulers if isinstance(s, PrefixCachedScheduler)]
     if not cached:
         return None
-    hits = sum(s.cache.num_hit_blocks for s in cached)
-    looked = hits + sum(s.cache.num_miss_blocks for s in cached)
-    prompt = sum(s.num_prompt_tokens for s in cached)
-    return {"block_hit_rate": hits / looked if looked else 0.0,
-            "token_hit_rate": sum(s.num_cached_tokens for s in cached) / prompt if prompt else 0.0,
-            "cached_tokens": sum(s.num_cached_tokens for s in cached), "prompt_tokens": prompt,
-            "capacity_blocks": cached[0].cache.capacity_blocks,
-            "evicted_blocks": sum(s.cache.num_evicted_blocks for s in cached)}
+    return merge_stats([{"hit_blocks": s.cache.num_hit_blocks,
+                         "looked_blocks": s.cache.num_hit_blocks + s.cache.num_miss_blocks,
+                         "cached_tokens": s.num_cached_tokens, "prompt_tokens": s.num_prompt_tokens,
+                         "evicted_blocks": s.cache.num_evicted_blocks,
+                         "capacity_blocks": s.cache.capacity_blocks} for s in cached])
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """cache_stats of several engines (independent instances) as one."""
+    out = {k: sum(p[k] for p in parts) for k in ("hit_blocks", "looked_blocks", "cached_tokens", "prompt_tokens",
+                                                 "evicted_blocks")}
+    out["capacity_blocks"] = parts[0]["capacity_blocks"]      # per replica / DP group
+    out["block_hit_rate"] = out["hit_blocks"] / out["looked_blocks"] if out["looked_blocks"] else 0.0
+    out["token_hit_rate"] = out["cached_tokens"] / out["prompt_tokens"] if out["prompt_tokens"] else 0.0
+    return out

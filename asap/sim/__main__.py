@@ -57,6 +57,9 @@ def add_commands(sub) -> None:
     h.add_argument("--out", default="out/sim_headline")
     h.add_argument("--resume", default=None, metavar="JSON",
                    help="continue an earlier headline(.partial).json from its last row per workload to --devices")
+    h.add_argument("--prefix-cache", action="store_true",
+                   help="both engines get a prefix cache per replica / DP group (LRU over the traces' 512-token "
+                        "block hashes, capacity from the memory left after weights); off by default")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain")
@@ -87,7 +90,7 @@ def run_command(a) -> int:
         else:
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests, a.out,
-                         resume=resume)
+                         resume=resume, prefix_cache=a.prefix_cache)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

@@ -10,7 +10,8 @@ same DP group shape, instances of 32; async: the same TP and chunk, A scaled wit
 N / N_before independent instances, for both engines alike). The ratio is then
 re-measured at other SLO scales (at the first device count) for the two best configurations, so its
 sensitivity to the SLO shows. Each later count starts its rate search from the earlier count's rate
-scaled by N / N_before, and refines one configuration per engine.
+scaled by N / N_before, and refines one configuration per engine. `prefix_cache=True` (--prefix-cache) runs
+every candidate of both engines with the same prefix cache (asap.scheduler.prefix_cache) and prints its hit rate.
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
 def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
                  num_requests: int = 1500, out_dir: "str | Path | None" = "out/sim_headline",
-                 verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None) -> dict:
+                 verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
+                 prefix_cache: bool = False) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     resume: an earlier headline (its JSON): each workload continues from its last row to `device_counts`
     (coarse to fine from there), and the earlier rows are kept."""
@@ -82,8 +84,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev: dict[str, list[EngineConfig]] = {}
         prev_devices = None
         if resume is not None:
-            if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware):
-                raise ValueError("resume: the earlier headline has another model, hardware or SLO")
+            if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
+                    or resume.get("prefix_cache", False) != prefix_cache:
+                raise ValueError("resume: the earlier headline has another model, hardware, SLO or prefix cache")
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -107,7 +110,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 t = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
-                         refine=REFINE if prev_devices is None else 1)
+                         refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache)
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
@@ -117,7 +120,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                                "max_slo_rate": t.max_slo_rate, "ttft_p90_s": t.ttft_p90_s,
                                "tokens_per_s_per_device": t.tokens_per_s_per_device,
                                "num_requests": t.num_requests, "num_sims": t.num_sims, "reason": t.reason,
-                               "candidates": t.candidates}
+                               "candidates": t.candidates, "prefix_hit_rate": t.prefix_hit_rate}
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
@@ -130,9 +133,10 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 print(format_row(row), flush=True)
             if out_dir is not None:      # partial results survive an interrupted run
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
-                part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True)
+                part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
+                                prefix_cache=prefix_cache)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
-    out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start)
+    out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -141,10 +145,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     return out
 
 
-def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False) -> dict:
+def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
+             prefix_cache: bool = False) -> dict:
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
-            "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial}
+            "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache}
 
 
 def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> dict:
@@ -174,8 +179,10 @@ def format_row(row: dict) -> str:
         r = row[e]
         if r["max_slo_rate"] is None:
             return f"{e}: no valid rate ({r['reason']})"
+        hit = r.get("prefix_hit_rate")
+        cache = "" if hit is None else f", prefix cache: on, hit rate {hit:.1%}"
         return (f"{e} {r['max_slo_rate']:.3f} req/s ({r['tokens_per_s_per_device']:.0f} tok/s/device, P90 TTFT "
-                f"{r['ttft_p90_s']:.3g} s) [{r['describe']}]")
+                f"{r['ttft_p90_s']:.3g} s{cache}) [{r['describe']}]")
     ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}x"
     scales = ", ".join(f"x{k}: {'n/a' if v is None else f'{v:.2f}x'}" for k, v in row["ratio_by_slo_scale"].items())
     return (f"[{LABEL}] {row['workload']}, {row['devices']} devices: async/sync = {ratio} (SLO scales {scales})\n"
@@ -241,9 +248,9 @@ def merge_headlines(dirs, out_dir: "str | Path") -> dict:
     parts = [read(d) for d in dirs]
     if not parts:
         raise ValueError("nothing to merge")
-    keys = {(p["model"], p["hardware"], p["slo"]) for p in parts}
+    keys = {(p["model"], p["hardware"], p["slo"], p.get("prefix_cache", False)) for p in parts}
     if len(keys) != 1:
-        raise ValueError(f"headlines to merge differ in model / hardware / SLO: {sorted(keys)}")
+        raise ValueError(f"headlines to merge differ in model / hardware / SLO / prefix cache: {sorted(keys)}")
     out = dict(parts[0], workloads=[w for p in parts for w in p["workloads"]], rows=[r for p in parts for r in p["rows"]],
                wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs],
                partial=any(p.get("partial") for p in parts))

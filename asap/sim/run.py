@@ -16,7 +16,7 @@ from asap.config import ModelConfig
 from asap.cost.ops import ACT_BYTES
 from asap.model.presets import preset_config
 from asap.scheduler.expert_select import make_selector
-from asap.scheduler.prefix_cache import BLOCK_TOKENS
+from asap.scheduler.prefix_cache import BLOCK_TOKENS, merge_stats
 from asap.scheduler.request import Request
 from asap.scheduler.router import make_router
 from asap.sim.async_engine import AsyncEngine
@@ -291,6 +291,8 @@ def _run_instances(own, engine, model_cfg, hardware, devices, attention_workers,
     by_id = {res.request_id: res for p in parts for res in p.results}
     results = [by_id[r.id] for r in own if r.id in by_id]
     stats = {"instances": instances, "per_instance": [p.stats for p in parts]}
+    if any("prefix_cache" in p.stats for p in parts):
+        stats["prefix_cache"] = merge_stats([p.stats["prefix_cache"] for p in parts if "prefix_cache" in p.stats])
     first = parts[0]
     return SimRun(results, engine, devices, first.attention_workers * instances, first.expert_workers * instances,
                   sum(p.num_events for p in parts), sum(p.wall_s for p in parts), max(p.sim_end_s for p in parts),

@@ -14,6 +14,8 @@ Both spaces hold the same number of candidates. Search: every candidate gets a c
 search is valid (asap.measure.rate_search: converged, not a burst). Each candidate simulates the first n
 requests, n sized so the arrivals at its closed-batch capacity still span 10x the mean SLO budget
 (fewer requests where the burst rule allows); a search that hits the burst limit is rerun with 2n.
+`tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
+/ DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
 from __future__ import annotations
 
@@ -45,10 +47,13 @@ class EngineConfig:
     two_batch_overlap: bool = True      # sync
     router: str = "queue-aware"
     redundant_experts: int | None = None
+    prefix_cache: bool = False          # a prefix cache per replica / DP group (the same policy for both)
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
                   redundant_experts=self.redundant_experts, instances=self.instances)
+        if self.prefix_cache:
+            kw.update(prefix_cache=True)
         if self.engine == "sync":
             kw.update(two_batch_overlap=self.two_batch_overlap)
         else:
@@ -56,6 +61,9 @@ class EngineConfig:
         return kw
 
     def describe(self, devices: int) -> str:
+        return self._describe(devices) + (", prefix cache" if self.prefix_cache else "")
+
+    def _describe(self, devices: int) -> str:
         if self.engine == "sync":
             per = devices // self.instances
             return (f"sync {self.instances}x[DP{per // self.attention_tp} x TP{self.attention_tp}, EP{per}], "
@@ -110,17 +118,22 @@ class Tuned:
     num_sims: int = 0
     reason: str | None = None
     num_requests: int | None = None     # requests the best candidate's search simulated
+    prefix_hit_rate: float | None = None    # prompt tokens served from the prefix caches at the best rate
 
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
          candidates: list[EngineConfig] | None = None, target: float = TARGET, zipf: float = 0.0,
-         start_rate: float | None = None, refine: int = REFINE, verbose: bool = False) -> Tuned:
+         start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
+         prefix_cache: bool = False) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
-    start_rate: where the first search starts (req/s; default: from a closed batch)."""
+    start_rate: where the first search starts (req/s; default: from a closed batch).
+    prefix_cache: every candidate (given or from `space`) runs with the prefix cache on."""
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("tune needs requests with deadlines (asap.workload.slo.SLO.apply)")
     prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
     cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len)
+    if prefix_cache:
+        cands = list(dict.fromkeys(dataclasses.replace(c, prefix_cache=True) for c in cands))
     if not cands:
         return Tuned(engine, devices, None, None, None, None, reason="no feasible configuration")
     sims = 0
@@ -137,6 +150,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                 res = run(at_rate(reqs, rate), engine, model, hardware, devices, c.attention_workers,
                           zipf=zipf, **c.sim_kw())
                 cache[key] = summarize(res.results)
+                if "prefix_cache" in res.stats:
+                    cache[key]["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
             return cache[key]
         return measure
 
@@ -184,10 +199,12 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                      reason="no candidate has a valid rate: " + "; ".join(reasons))
     best = max(valid, key=lambda r: r["fine"]["max_slo_rate"])
     rate, n = best["fine"]["max_slo_rate"], best["n"]
-    p90 = measure_for(best["config"], n)(rate)["ttft_p90_ms"]
-    mean_tokens = sum(r.num_tokens for r in requests[:n]) / n
+    at_best = measure_for(best["config"], n)(rate)
+    p90 = at_best["ttft_p90_ms"]
+    mean_tokens = sum(r.num_tokens for r in requests[:n]) / n      # cached tokens count as served input
     return Tuned(engine, devices, best["config"], rate, None if p90 is None else p90 / 1e3,
-                 rate * mean_tokens / devices, table, sims, num_requests=n)
+                 rate * mean_tokens / devices, table, sims, num_requests=n,
+                 prefix_hit_rate=at_best.get("prefix_token_hit_rate"))
 
 
 def _closed_batch_rate(requests, engine, devices, model, hardware, c: EngineConfig, zipf: float) -> float:
