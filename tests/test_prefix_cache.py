@@ -163,3 +163,24 @@ def test_both_engines_apply_the_same_policy():
     assert (s["hit_blocks"], s["cached_tokens"], s["evicted_blocks"]) == (ref.num_hit_blocks, cached,
                                                                           ref.num_evicted_blocks)
     assert s["hit_blocks"] > 0 and s["evicted_blocks"] > 0      # the case exercises hits and eviction
+
+
+def test_headline_flag_runs_every_candidate_with_the_cache_and_prints_its_hit_rate(tmp_path, capsys):
+    from asap.sim.__main__ import main
+    trace = tmp_path / "trace.jsonl"
+    lines = []
+    for i in range(120):                    # 5 conversations whose prompts share their prefix
+        n = 500 + (i * 997) % 7500
+        lines.append(json.dumps({"timestamp": 100 * i, "input_length": n, "output_length": 1,
+                                 "hash_ids": [1000 * (i % 5) + j for j in range(-(-n // BLOCK_TOKENS))]}) + "\n")
+    trace.write_text("".join(lines))
+    assert main(["headline", "--devices", "4", "--workloads", str(trace), "--num-requests", "120", "--model",
+                 "small-deepseek-v3", "--hardware", "h800", "--slo", "0.005s+0.001ms/tok", "--slo-scales", "1.0",
+                 "--out", str(tmp_path), "--prefix-cache"]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "headline.json").read_text())
+    assert data["prefix_cache"] is True
+    for engine in ("sync", "async"):
+        row = data["rows"][0][engine]
+        assert all(c["config"]["prefix_cache"] for c in row["candidates"])
+        assert 0 < row["prefix_hit_rate"] < 1 and f"prefix cache: on, hit rate {row['prefix_hit_rate']:.1%}" in printed
