@@ -14,11 +14,13 @@ process, in the same run, on one thread (each worker moves its messages on one
 thread: threads_per_worker defaults to 1), with the all-threads copy beside it.
 The targets are the issue's: a message of >= 1 MB at most 2x memcpy + 30 us, a
 1-token message at most 50 us. The receiver is waiting when a message comes (it
-polls for 100 us before it sleeps on its semaphore), as in a pipelined step.
+polls for 300 us before it sleeps on its semaphore), as in a pipelined step.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import multiprocessing as mp
 import statistics
 import time
@@ -26,6 +28,7 @@ import time
 import torch
 
 TOP_K = 8
+_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu     # the core this process runs on now (Linux)
 
 
 def _reps(T: int) -> int:
@@ -44,7 +47,7 @@ def _expert(spec, sizes, hidden, out, device="cpu"):
     from asap.comm import Mailbox, WorkQueue, combine_send, dispatch_recv
     t = spec.connect(1)
     q = WorkQueue(Mailbox(t))
-    lat, sent = {}, {}
+    lat, sent, cores = {}, {}, collections.Counter()
     for T in sizes:
         lat[T], sent[T] = [], []
         for _ in range(_reps(T) + 3):
@@ -52,9 +55,10 @@ def _expert(spec, sizes, hidden, out, device="cpu"):
             x = item.x.to(device)              # where the expert weights would be
             _sync(device)
             lat[T].append(time.monotonic() - item.header.sent_at)
+            cores[_getcpu()] += 1
             sent[T].append(time.monotonic())
             combine_send(t, item, x)
-    out.put((lat, sent))
+    out.put((lat, sent, cores))
     t.close()
 
 
@@ -65,7 +69,7 @@ def _attention(spec, sizes, hidden, out, device="cpu"):
     from asap.comm import CombineInbox, Mailbox, combine_recv, dispatch_send
     t = spec.connect(0)
     inbox = CombineInbox(Mailbox(t))
-    got = {}
+    got, cores = {}, collections.Counter()
     seq = 0
     for T in sizes:
         x = torch.randn(T, hidden, device=device).to(torch.bfloat16)
@@ -79,9 +83,10 @@ def _attention(spec, sizes, hidden, out, device="cpu"):
             y = combine_recv(inbox, pc, timeout=60)
             _sync(device)
             got[T].append(time.monotonic())
+            cores[_getcpu()] += 1
             seq += 1
         assert torch.equal(y, x), "combine returned other values than were dispatched"
-    out.put(got)
+    out.put((got, cores))
     t.close()
 
 
@@ -132,7 +137,7 @@ def run(transport: str, sizes: list[int], hidden: int, devices: tuple[str, str] 
         for p in procs:
             p.join(30)
         spec.cleanup()
-    back, (lat, sent) = (a, b) if isinstance(a, dict) else (b, a)
+    ((back, a_cores), (lat, sent, e_cores)) = (a, b) if len(a) == 2 else (b, a)
     rows = []
     for T in sizes:
         ds, cs = lat[T][3:], [r - s for r, s in zip(back[T][3:], sent[T][3:])]
@@ -143,6 +148,7 @@ def run(transport: str, sizes: list[int], hidden: int, devices: tuple[str, str] 
                          dispatch_memcpy_all_s=_memcpy(db, _reps(T), torch.get_num_threads()),
                          combine_bytes=cb, combine_s=c, combine_memcpy_s=_memcpy(cb, _reps(T)),
                          combine_memcpy_all_s=_memcpy(cb, _reps(T), torch.get_num_threads())))
+    rows[0]["cores"] = (a_cores, e_cores)
     return rows
 
 
@@ -163,6 +169,10 @@ def _fmt_b(n: int) -> str:
 def print_table(transport: str, rows: list[dict]) -> None:
     print(f"\n{transport}: one way, median and best of the run (measured on this machine); memcpy = copy_ on 1 thread (as each "
           f"worker copies), and on all {torch.get_num_threads()} threads")
+    a_cores, e_cores = rows[0]["cores"]
+    share = lambda c: ", ".join(f"{k} ({v / sum(c.values()):.0%})" for k, v in sorted(c.items()))
+    print(f"cores (share of messages): attention side {share(a_cores)}; expert side {share(e_cores)}"
+          + ("; the two sides shared one core" if a_cores.keys() == e_cores.keys() and len(a_cores) == 1 else ""))
     print("| op | T | bytes | one way | best | GB/s | memcpy | memcpy, all threads | target | met |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -2,7 +2,7 @@
 
 headers.py     Header / Kind: the typed control-plane half of a message
 transport.py   Transport / TransportSpec interfaces, CommTimeout, the shared wire format, Rows, BufferPool
-ring.py, shm.py    shared-memory transport (default on one machine; >= 1 MiB messages streamed)
+ring.py, shm.py    shared-memory transport (default on one machine; >= 256 KiB messages streamed)
 semaphore.py   named POSIX semaphores: the shm transport's wake-ups (pid in the name: swept after a kill)
 loopback.py    a rank's messages to itself
 dist.py        torch.distributed point-to-point transport (gloo on CPU, NCCL on GPU)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 import torch
 
 from asap.comm.headers import Header, Kind
 from asap.comm.transport import Message, Transport
+from asap.scheduler.expert_select import WorkInfo
 
 T = TypeVar("T")
 
@@ -37,6 +38,13 @@ class WorkItem:
     x: torch.Tensor             # [T_r, D]
     topk_ids: torch.Tensor      # [T_r, K]; -1 where the pair belongs to another rank
     topk_weights: torch.Tensor  # [T_r, K]; 0 where the pair belongs to another rank
+    info: WorkInfo | None = field(default=None, repr=False, compare=False)   # what a selector sees; made once
+
+    def __post_init__(self):
+        if self.info is None:
+            h = self.header
+            self.info = WorkInfo((self.src, h.replica, h.layer, h.microbatch, h.seq), h.replica, h.layer,
+                                 h.num_tokens, h.sent_at, h.deadline)
 
 
 class StaleBarrier(RuntimeError):

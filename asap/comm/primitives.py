@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -19,7 +19,9 @@ import torch
 from asap.comm.headers import Header, Kind
 from asap.comm.mailbox import Mailbox, WorkItem, wait_for
 from asap.comm.transport import CommTimeout, Rows, Transport
-from asap.scheduler.expert_select import OldestFirst, WorkInfo
+from asap.scheduler.expert_select import OldestFirst
+
+_OLDEST_FIRST = OldestFirst()     # the default selector (stateless)
 
 # While a selector holds ready work back and does not say until when, it is asked
 # again this often even if nothing new arrives.
@@ -53,10 +55,9 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     number of ranks; the only device-to-host copy is one [W + 3] vector (per-rank counts, -1 and bad entries)."""
     T, K = dest.shape
     W, dev = world_size, dest.device
-    if dev.type == "cpu" and T:           # no sync to save here: first the common case, all to one rank
-        lo, hi = torch.aminmax(dest)
-        if lo == hi and 0 <= int(lo) < W:
-            return _to_one(int(lo), T, topk_ids, topk_weights, always_to)
+    r = _single_rank(dest, W)
+    if r is not None:
+        return _to_one(r, T, topk_ids, topk_weights, always_to)
     # Columns: 0 below -1 (an error), 1 "nowhere" (-1), 2..W+1 the ranks, W+2 past the last rank (an error).
     col = (dest + 2).clamp_(0, W + 2)              # add + clamp, no integer division (slow on CPU)
     member = torch.zeros(T, W + 3, dtype=torch.bool, device=dev)
@@ -88,36 +89,67 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
                           {r: ws[r] if r < W else topk_weights[:0] for r in ranks})
 
 
+def _single_rank(dest: torch.Tensor, W: int) -> int | None:
+    """The rank every pair goes to, if there is one, found without a host sync to save: CPU only."""
+    if not dest.is_cpu or not dest.numel():
+        return None
+    lo, hi = torch.aminmax(dest)
+    lo, hi = int(lo), int(hi)
+    return lo if lo == hi and 0 <= lo < W else None
+
+
 def _to_one(r: int, T: int, topk_ids, topk_weights, always_to) -> DispatchLayout:
     """Every pair goes to rank r: nothing to gather or mask (always_to ranks get 0 rows)."""
     dev = topk_ids.device
+    if not always_to or tuple(always_to) == (r,):
+        return DispatchLayout({r: _arange(T, dev)}, {r: topk_ids}, {r: topk_weights}, whole=r)
     ranks = sorted({r} | set(always_to))
-    rows = {q: torch.arange(T, device=dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev) for q in ranks}
+    rows = {q: _arange(T, dev) if q == r else torch.zeros(0, dtype=torch.long, device=dev) for q in ranks}
     return DispatchLayout(rows, {q: topk_ids if q == r else topk_ids[:0] for q in ranks},
                           {q: topk_weights if q == r else topk_weights[:0] for q in ranks}, whole=r)
 
 
+_ARANGE: dict[torch.device, torch.Tensor] = {}
+
+
+def _arange(T: int, device: torch.device) -> torch.Tensor:
+    """torch.arange(T) as a slice of one cached range per device (a slice is cheaper than a new
+    tensor; nothing writes to token indices)."""
+    a = _ARANGE.get(device)
+    if a is None or a.numel() < T:
+        a = _ARANGE[device] = torch.arange(max(T, 4096), device=device)
+    return a[:T]
+
+
 def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   dest: torch.Tensor, *, replica: int, layer: int, microbatch: int, seq: int,
-                  deadline: float = math.inf, always_to: Sequence[int] = ()) -> PendingCombine:
+                  deadline: float = math.inf, always_to: Sequence[int] = (), epoch: int = 0) -> PendingCombine:
     """Send each rank the tokens that have >= 1 (token, k) pair routed to it; dest[t, k] is that
     pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless.
+    epoch: the sending replica's epoch, stamped in every header (asap.comm.mailbox).
     The rows of x are gathered by the transport straight into its buffer (transport.Rows)."""
-    if x.dim() != 2 or topk_ids.dim() != 2:
-        raise ValueError(f"x must be [T, D] and topk_ids [T, K]; got {tuple(x.shape)}, {tuple(topk_ids.shape)}")
-    if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape or dest.shape != topk_ids.shape:
-        raise ValueError(f"x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)}, topk_weights "
-                         f"{tuple(topk_weights.shape)} and dest {tuple(dest.shape)} disagree on [T, K]")
     now = time.monotonic()
+    xs, ks = x.shape, topk_ids.shape
+    if len(xs) != 2 or len(ks) != 2:
+        raise ValueError(f"x must be [T, D] and topk_ids [T, K]; got {tuple(xs)}, {tuple(ks)}")
+    if ks[0] != xs[0] or topk_weights.shape != ks or dest.shape != ks:
+        raise ValueError(f"x {tuple(xs)}, topk_ids {tuple(ks)}, topk_weights "
+                         f"{tuple(topk_weights.shape)} and dest {tuple(dest.shape)} disagree on [T, K]")
     world = getattr(t, "world_size", None)
     if world is None:        # a wrapper that does not say: one more host copy
         world = max([int(dest.max()) + 1 if dest.numel() else 0, *[r + 1 for r in always_to]])
+    r = _single_rank(dest, world)
+    if r is not None and all(q == r for q in always_to):     # the common case: send x as it is
+        t.send(r, Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, xs[0], deadline, now, epoch=epoch),
+               [x, topk_ids, topk_weights])
+        return PendingCombine((replica, layer, microbatch, seq), xs[0], {r: _arange(xs[0], x.device)}, xs[1],
+                              x.dtype, x.device, whole=True)
     lay = dispatch_layout(dest, topk_ids, topk_weights, world, always_to)
     for r, idx in lay.rows.items():
         rows = x if lay.whole == r else Rows(x, idx)
-        header = Header(Kind.DISPATCH, replica, layer, microbatch, seq, idx.numel(), deadline, now)
+        header = Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, idx.numel(), deadline, now, epoch=epoch)
         t.send(r, header, [rows, lay.topk_ids[r], lay.topk_weights[r]])
-    return PendingCombine((replica, layer, microbatch, seq), x.shape[0], lay.rows, x.shape[1], x.dtype, x.device,
+    return PendingCombine((replica, layer, microbatch, seq), xs[0], lay.rows, xs[1], x.dtype, x.device,
                           whole=lay.whole is not None)
 
 
@@ -135,13 +167,13 @@ def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> l
     """The next work to run, from any replica and layer, as chosen by selector (an object with
     `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first). Several items are
     returned only when the selector merges same-layer work. [] if nothing is chosen within timeout."""
-    selector = selector or OldestFirst()
+    selector = selector or _OLDEST_FIRST
     work = q.mailbox.work
 
     def pick():
         if not work:
             return None
-        ready = [_work_info(it) for it in work]
+        ready = [it.info for it in work]
         chosen = list(selector.select(ready, time.monotonic()))
         if not chosen:
             return None
@@ -166,7 +198,7 @@ def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor) -> None:
     """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from."""
     if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
         raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
-    header = replace(item.header, kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic())
+    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic())
     t.send(item.src, header, [partial])
 
 
@@ -202,9 +234,3 @@ def combine_recv(inbox: CombineInbox, pending: PendingCombine, timeout: float | 
         idx = pending.rows[r].to(out.device)
         out.index_add_(0, idx, got[r].to(out.device, acc))   # indices unique per rank: no atomics race
     return out.to(pending.dtype)
-
-
-def _work_info(item: WorkItem) -> WorkInfo:
-    h = item.header
-    return WorkInfo(key=(item.src, *h.key), replica=h.replica, layer=h.layer, num_tokens=h.num_tokens,
-                    sent_at=h.sent_at, deadline=h.deadline)

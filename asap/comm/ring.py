@@ -31,7 +31,8 @@ semaphore the transport posts after each write adds a full barrier as well.
 """
 from __future__ import annotations
 
-import numpy as np
+import ctypes
+
 import torch
 
 CTRL_BYTES = 192
@@ -52,9 +53,13 @@ class Ring:
         if len(buf) < CTRL_BYTES + capacity:
             raise ValueError(f"buffer of {len(buf)} bytes cannot hold a {capacity}-byte ring")
         self.capacity = capacity
-        self._ctrl = np.ndarray((CTRL_BYTES // 8,), dtype=np.uint64, buffer=buf)
-        self._words = np.ndarray((capacity // 8,), dtype=np.int64, buffer=buf, offset=CTRL_BYTES)
         self.data = torch.frombuffer(buf, dtype=torch.uint8, count=capacity, offset=CTRL_BYTES)
+        self.addr = self.data.data_ptr()             # where data offset 0 is, for ctypes.memmove
+        # Control and size words as ctypes arrays over the same bytes: a load or store is ~3x cheaper
+        # than numpy's (the transport makes a dozen per message), each is one aligned 8-byte access,
+        # and unlike a memoryview they do not pin the mapping open (close() drops them first).
+        self._ctrl = (ctypes.c_uint64 * (CTRL_BYTES // 8)).from_address(self.addr - CTRL_BYTES)
+        self._words = (ctypes.c_int64 * (capacity // 8)).from_address(self.addr)
         self.mem, self.base = buf, CTRL_BYTES       # the same bytes, for struct.pack_into (no sub-view:
                                                     # a sliced memoryview would pin the mapping open)
         self._reserved: tuple[int, int] | None = None     # (record position, record bytes)
@@ -69,7 +74,7 @@ class Ring:
         return ALIGN + padded(body_bytes, ALIGN)
 
     def used(self) -> int:
-        return int(self._ctrl[_WRITE]) - int(self._ctrl[_READ])
+        return self._ctrl[_WRITE] - self._ctrl[_READ]
 
     def has_data(self) -> bool:
         return self.used() > 0
@@ -80,8 +85,8 @@ class Ring:
         size = self.record_bytes(body_bytes)
         if size > self.capacity:
             raise ValueError(f"message needs {size} bytes but the ring holds only {self.capacity} (raise ring_bytes)")
-        pos = int(self._ctrl[_WRITE])
-        free = self.capacity - (pos - int(self._ctrl[_READ]))
+        pos = self._ctrl[_WRITE]
+        free = self.capacity - (pos - self._ctrl[_READ])
         off = pos % self.capacity
         # Would straddle the end, or the ring is empty: start at offset 0. Restarting an empty ring at
         # its start keeps messages in the same (cache- and TLB-warm) bytes instead of walking the ring.
@@ -127,11 +132,11 @@ class Ring:
         """(data offset, size rounded up to 64) of the oldest body, committed or being streamed;
         None if the ring is empty."""
         while True:
-            pos = int(self._ctrl[_READ])
-            if int(self._ctrl[_WRITE]) == pos and int(self._ctrl[_FILL]) <= pos:
+            pos = self._ctrl[_READ]
+            if self._ctrl[_WRITE] == pos and self._ctrl[_FILL] <= pos:
                 return None
             off = pos % self.capacity
-            size = int(self._words[off // 8])
+            size = self._words[off // 8]
             if size != _SKIP:                    # a skip is only ever published by the write position
                 self._peeked = (pos, size)
                 return off + ALIGN, size - ALIGN
@@ -140,13 +145,13 @@ class Ring:
     def available(self) -> int:
         """How many body bytes of the peeked record are in place (all of them once it is committed)."""
         pos, size = self._peeked
-        if int(self._ctrl[_WRITE]) >= pos + size:
+        if self._ctrl[_WRITE] >= pos + size:
             return size - ALIGN
-        return max(0, int(self._ctrl[_FILL]) - pos - ALIGN)
+        return max(0, self._ctrl[_FILL] - pos - ALIGN)
 
     def committed(self) -> bool:
         pos, size = self._peeked
-        return int(self._ctrl[_WRITE]) >= pos + size
+        return self._ctrl[_WRITE] >= pos + size
 
     def release(self) -> None:
         """Free the (committed) body peek() returned; the producer may reuse the space from here on."""

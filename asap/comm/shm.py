@@ -10,14 +10,18 @@ Wake-ups go through named POSIX semaphores (semaphore.py):
   space[r] wakes rank r when it sleeps on a full ring and the receiver frees space.
 A receiver polls data[r] for up to _SPIN_S (yielding the CPU between tries)
 before it sleeps on it: a wake-up from a semaphore sleep costs tens of
-microseconds to milliseconds on a loaded machine, more than a whole small message.
+microseconds to milliseconds on a loaded machine, more than a whole small message
+(measured on the 2-core VM: ~35 us inside the waker's sem_post, ~50 us before
+the sleeper runs), so a gap of a few hundred microseconds is cheaper spun through.
 
 One copy each way: the sender writes the envelope and every tensor (gathering
 rows straight from the activations, see transport.Rows) into the ring in place;
 the receiver copies each tensor out once, into a pooled buffer (transport.BufferPool).
-A message of >= 1 MiB is streamed: the receiver is woken as soon as the envelope
-is in place and copies 1 MiB chunks out while the sender is still writing the
-next ones, so the two copies overlap.
+A message of >= 256 KiB is streamed: the receiver is woken as soon as the envelope
+is in place and copies 256 KiB chunks out while the sender is still writing the
+next ones, so the two copies overlap (with 1 MiB chunks a 1.8 MB message barely did).
+Both ends do their per-message Python (envelope, header, allocation) before the big
+copy: a copy of a few MB flushes the core's caches, and torch calls after it run cold.
 
 Two threads of one rank may receive at once (the sync loop's idle listener receives
 while the main thread's send, finding its ring full, drains the inbound rings): taking
@@ -43,18 +47,19 @@ from asap.comm.ring import ALIGN, Ring, padded
 from asap.comm.semaphore import NamedSemaphore
 from asap.comm.shm_names import new_prefix, sweep_dead_segments
 from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport,
-                                 TransportSpec, check_tensors, nbytes, pack_envelope_into, unpack_envelope)
+                                 TransportSpec, describe, pack_envelope_into, unpack_envelope)
 
 # Upper bound on one nap while a send waits for space; the space semaphore
 # usually wakes the sender sooner. Bounded so a lost wake-up (the waiting flag
 # is set and checked without a fence) costs at most this much.
 _SPACE_NAP_S = 0.002
-# How long a receiver polls before it sleeps on its semaphore.
-_SPIN_S = 100e-6
+# How long a receiver polls before it sleeps on its semaphore. An idle receiver that times out
+# and asks again burns this much per call (0.6% of a core for the async expert loop's 50 ms waits).
+_SPIN_S = 300e-6
 # Bodies at least this big are streamed: the receiver is woken once the envelope is in the ring and
 # copies each chunk out while the sender writes the next, so a big message costs ~one copy, not two.
-_STREAM_BYTES = 1 << 20
-_CHUNK = 1 << 20
+_STREAM_BYTES = 256 << 10
+_CHUNK = 256 << 10
 _ENV = padded(ENVELOPE_BYTES, ALIGN)
 
 
@@ -156,13 +161,14 @@ class ShmTransport(Transport):
 
     def send(self, dst: int, header: Header, tensors: list) -> None:
         """tensors: torch tensors (any device, any strides) or Rows, each copied once into the ring."""
-        self._check_dst(dst)
         ring = self._out.get(dst)
         if ring is None:
+            self._check_dst(dst)
             raise ValueError(f"no ring from rank {self.rank} to {dst}; add the pair to the spec")
-        check_tensors(tensors)
-        sizes = [nbytes(t.dtype, tuple(t.shape)) for t in tensors]
-        body = _ENV + sum(padded(n, ALIGN) for n in sizes)
+        words, sizes = describe(tensors)
+        body = _ENV
+        for n in sizes:
+            body += (n + ALIGN - 1) & -ALIGN
         deadline = None
         while (off := ring.reserve(body)) is None:
             now = time.monotonic()
@@ -177,7 +183,7 @@ class ShmTransport(Transport):
             # sending to us, and two ranks blocked on each other's full ring never recover.
             if not self._drain_one():
                 self._spec._space[self.rank].acquire(timeout=min(_SPACE_NAP_S, deadline - now))
-        pack_envelope_into(ring.mem, ring.base + off, header, tensors)
+        pack_envelope_into(ring.mem, ring.base + off, header, tensors, words)
         stream = body >= _STREAM_BYTES
         if stream:
             ring.progress(_ENV)
@@ -261,20 +267,21 @@ class ShmTransport(Transport):
 
     def _read(self, src: int, ring: Ring, off: int) -> Message:
         """Copy one record's tensors out of the ring, each once, into tensors of their own; a record
-        still being streamed is copied as far as it is written, chunk by chunk."""
+        still being streamed is copied as far as it is written, chunk by chunk. Every output is
+        allocated before the first byte moves: a big copy flushes the core's cache, and torch calls
+        made after it run cold (~10-30 us each at 1.8 MB)."""
         header, layout = unpack_envelope(ring.mem, ring.base + off)
-        tensors, at, base = [], off + _ENV, ring.data.data_ptr()
-        whole = ring.committed()
-        for dtype, shape in layout:
-            n = nbytes(dtype, shape)
-            out = self._pool.take(dtype, shape)
-            if whole:
+        tensors = [self._pool.take(dtype, shape) for dtype, shape in layout]
+        at, base = off + _ENV, ring.addr
+        if ring.committed():
+            for out in tensors:
+                n = out.nbytes
                 if n:
                     ctypes.memmove(out.data_ptr(), base + at, n)
-                tensors.append(out)
-                at += padded(n, ALIGN)
-                continue
-            done, dst = 0, out.data_ptr()
+                at += (n + ALIGN - 1) & -ALIGN
+            return Message(src, header, tensors)
+        for out in tensors:
+            n, done, dst = out.nbytes, 0, out.data_ptr()
             while done < n:
                 have = min(n, ring.available() - (at - off))
                 if have <= done:
@@ -282,8 +289,7 @@ class ShmTransport(Transport):
                     continue
                 ctypes.memmove(dst + done, base + at + done, have - done)
                 done = have
-            tensors.append(out)
-            at += padded(n, ALIGN)
+            at += (n + ALIGN - 1) & -ALIGN
         return Message(src, header, tensors)
 
     def _wait(self, ring: Ring, ready, src: int) -> None:
@@ -307,8 +313,8 @@ def _write(ring: Ring, at: int, n: int, t, body: int | None = None) -> None:
     one transfer. Contiguous CPU tensors go by memmove (no tensor views to build: ~1 us less each).
     body: the record's body offset when it is streamed; the copy then goes in chunks, each published."""
     chunk = _CHUNK if body is not None else n
-    if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous():
-        src, dst = t.data_ptr(), ring.data.data_ptr() + at
+    if isinstance(t, torch.Tensor) and t.is_cpu and t.is_contiguous():
+        src, dst = t.data_ptr(), ring.addr + at
         if body is None:
             ctypes.memmove(dst, src, n)
             return

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from asap.comm.headers import HEADER_WORDS, Header
+from asap.comm.headers import HEADER_FORMAT, HEADER_WORDS, Header
 
 MAX_TENSORS = 8
 MAX_DIMS = 6
@@ -28,10 +28,12 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
 
-_HEAD = struct.Struct(f"<{HEADER_WORDS * 8}sq")      # header bytes, num_tensors
+_HEAD = struct.Struct(HEADER_FORMAT + "q")          # header words, num_tensors (the same bytes as Header.to_bytes)
+_COUNT = struct.Struct("<q")                         # num_tensors alone, at offset HEADER_WORDS * 8
 _SLOT = struct.Struct(f"<2q{MAX_DIMS}q")           # dtype code, ndim, dims
 ENVELOPE_BYTES = _HEAD.size + MAX_TENSORS * _SLOT.size
 CLOSE_MARK = -1    # num_tensors value reserved for a transport's own goodbye message
+_NO_HEADER = (0,) * 8 + (0.0, 0.0)
 
 
 class CommTimeout(TimeoutError):
@@ -60,6 +62,10 @@ class Rows:
     def shape(self) -> tuple[int, ...]:
         return (self.index.numel(), *self.src.shape[1:])
 
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.src.dtype.itemsize
+
     def dim(self) -> int:
         return self.src.dim()
 
@@ -77,22 +83,32 @@ def pack_envelope(header: Header | None, tensors: list) -> bytearray:
     """Fixed-size description of a message; header None makes a CLOSE mark."""
     out = bytearray(ENVELOPE_BYTES)
     if header is None:
-        _HEAD.pack_into(out, 0, b"", CLOSE_MARK)
+        _HEAD.pack_into(out, 0, *_NO_HEADER, CLOSE_MARK)
     else:
-        check_tensors(tensors)
         pack_envelope_into(out, 0, header, tensors)
     return out
 
 
-def check_tensors(tensors: list) -> None:
-    """The wire format's limits, checked before anything is written."""
+def describe(tensors: list) -> tuple[list[int], list[int]]:
+    """The wire format's limits, checked before anything is written, in the same pass that makes
+    the tensors' envelope words (dtype code, ndim, dims per slot) and their sizes in bytes."""
     if len(tensors) > MAX_TENSORS:
         raise ValueError(f"at most {MAX_TENSORS} tensors per message, got {len(tensors)}")
+    words, sizes = [], []
     for i, t in enumerate(tensors):
-        if t.dtype not in _CODE:
+        code, shape = _CODE.get(t.dtype), t.shape
+        if code is None:
             raise ValueError(f"tensor {i}: dtype {t.dtype} not supported; use one of {DTYPES}")
-        if t.dim() > MAX_DIMS:
-            raise ValueError(f"tensor {i}: at most {MAX_DIMS} dims, got shape {tuple(t.shape)}")
+        if len(shape) > MAX_DIMS:
+            raise ValueError(f"tensor {i}: at most {MAX_DIMS} dims, got shape {tuple(shape)}")
+        words += (code, len(shape), *shape, *_ZEROS[len(shape):])
+        sizes.append(t.nbytes)
+    return words, sizes
+
+
+def check_tensors(tensors: list) -> None:
+    """The wire format's limits, checked before anything is written."""
+    describe(tensors)
 
 
 def _envelope_struct(n: int) -> struct.Struct:
@@ -106,29 +122,46 @@ _STRUCTS: list[struct.Struct | None] = [None] * (MAX_TENSORS + 1)
 _ZEROS = (0,) * MAX_DIMS
 
 
-def pack_envelope_into(buf, offset: int, header: Header, tensors: list) -> None:
-    """pack_envelope of checked tensors, written at buf[offset:] (e.g. straight into a ring)."""
-    args = [header.to_bytes(), len(tensors)]
-    for t in tensors:
-        shape = tuple(t.shape)
-        args += (_CODE[t.dtype], len(shape), *shape, *_ZEROS[len(shape):])
-    _envelope_struct(len(tensors)).pack_into(buf, offset, *args)
+def pack_envelope_into(buf, offset: int, header: Header, tensors: list, words: list[int] | None = None) -> None:
+    """pack_envelope of the tensors, written at buf[offset:] (e.g. straight into a ring); words:
+    describe(tensors)[0] if the caller has it already."""
+    if words is None:
+        words = describe(tensors)[0]
+    _envelope_struct(len(tensors)).pack_into(buf, offset, *header.fields(), len(tensors), *words)
 
 
 def unpack_envelope(data, offset: int = 0) -> tuple[Header | None, list[tuple[torch.dtype, tuple[int, ...]]]]:
     """Inverse of pack_envelope; (None, []) for a CLOSE mark."""
-    head, n = _HEAD.unpack_from(data, offset)
+    (n,) = _COUNT.unpack_from(data, offset + HEADER_WORDS * 8)
     if n == CLOSE_MARK:
         return None, []
     if not 0 <= n <= MAX_TENSORS:
         raise RuntimeError(f"corrupt envelope: {n} tensors")
     words = _envelope_struct(n).unpack_from(data, offset)
-    layout, w = [], 2
-    for _ in range(n):
-        code, ndim = words[w], words[w + 1]
-        layout.append((DTYPES[code], words[w + 2:w + 2 + ndim]))
-        w += 2 + MAX_DIMS
-    return Header.from_bytes(head), layout
+    slots = words[HEADER_WORDS + 1:]
+    layout = _LAYOUTS.get(slots)
+    if layout is None:
+        layout = _layout(slots)
+    return Header.from_fields(*words[:HEADER_WORDS]), layout
+
+
+# Layouts by their slot words: a stream of messages repeats a few shapes, and decoding the slots
+# again costs more than the rest of the envelope. Bounded: cleared when full.
+_LAYOUTS: dict[tuple, tuple] = {}
+_MAX_LAYOUTS = 1024
+
+
+def _layout(slots: tuple) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
+    layout = []
+    for w in range(0, len(slots), 2 + MAX_DIMS):
+        code, ndim = slots[w], slots[w + 1]
+        if not (0 <= code < len(DTYPES) and 0 <= ndim <= MAX_DIMS):
+            raise RuntimeError(f"corrupt envelope: dtype code {code}, {ndim} dims")
+        layout.append((DTYPES[code], slots[w + 2:w + 2 + ndim]))
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    layout = _LAYOUTS[slots] = tuple(layout)     # shared by every message of this shape: not to be changed
+    return layout
 
 
 def nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
@@ -159,7 +192,7 @@ class BufferPool:
         """A contiguous tensor nobody else holds (contents undefined)."""
         n = nbytes(dtype, shape)
         if n < self.min_bytes:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(*shape, dtype=dtype) if shape else torch.empty((), dtype=dtype)
         free = [b for b in self._bufs if sys.getrefcount(b) <= 3 and b.nbytes >= n]   # list, loop var, arg
         if free:
             buf = min(free, key=lambda b: b.nbytes)

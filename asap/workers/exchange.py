@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import replace
 
 import torch
 
@@ -36,7 +35,7 @@ class _Stamped:
         self.world_size = transport.world_size
 
     def send(self, dst, header, tensors):
-        self.transport.send(dst, replace(header, epoch=self.epoch), tensors)
+        self.transport.send(dst, header.replace(epoch=self.epoch), tensors)
 
     def __getattr__(self, name):          # everything else is the transport's own
         return getattr(self.transport, name)
