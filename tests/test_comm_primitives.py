@@ -73,6 +73,23 @@ def test_always_to_sends_empty_messages_and_combine_waits_for_them(ranks):
     assert torch.equal(combine_recv(inbox, p, timeout=1.0), x)
 
 
+def test_everything_to_one_rank_sends_x_as_it_is_and_its_answer_is_the_result(ranks):
+    x, ids, w, dest = route(5)
+    dest[:] = 3
+    inbox = CombineInbox(Mailbox(ranks[0]))
+    p = dispatch_send(ranks[0], x, ids, w, dest, replica=0, layer=1, microbatch=0, seq=4, deadline=2.0,
+                      always_to=(3,), epoch=6)
+    assert p.whole and list(p.rows) == [3] and p.rows[3].tolist() == list(range(5))
+    assert ranks[2].poll() is None                                 # rank 2 gets nothing
+    item, = dispatch_recv(WorkQueue(Mailbox(ranks[3])))
+    assert (item.header.num_tokens, item.header.deadline, item.header.epoch, item.header.key) == (5, 2.0, 6, (0, 1, 0, 4))
+    assert torch.equal(item.x, x) and torch.equal(item.topk_ids, ids) and torch.equal(item.topk_weights, w)
+    combine_send(ranks[3], item, item.x * 2)
+    assert torch.equal(combine_recv(inbox, p, timeout=1.0), x * 2)
+    later = dispatch_send(ranks[0], x[:3], ids[:3], w[:3], dest[:3], replica=0, layer=1, microbatch=0, seq=5)
+    assert later.rows[3].tolist() == [0, 1, 2] and p.rows[3].tolist() == list(range(5))   # token indices are not shared state
+
+
 def test_batch_routed_nowhere_combines_to_zeros_without_waiting(ranks):
     x, ids, w, dest = route(3)
     p = dispatch_send(ranks[0], x, ids, w, torch.full_like(dest, -1), replica=0, layer=0, microbatch=0, seq=0)

@@ -38,6 +38,46 @@ def test_header_survives_encode_decode_bit_for_bit():
         Header.decode(enc[:5])
 
 
+def test_fast_header_constructors_agree_with_the_dataclass():
+    import dataclasses
+    import pickle
+    slow = Header(Kind.DISPATCH, 1, 2, 3, 4, 5, deadline=6.5, sent_at=7.25, aux=8, epoch=9)
+    fast = Header.of(Kind.DISPATCH, 1, 2, 3, 4, 5, 6.5, 7.25, aux=8, epoch=9)
+    assert fast == slow and hash(fast) == hash(slow) and pickle.loads(pickle.dumps(fast)) == slow
+    assert fast.replace(kind=Kind.COMBINE, num_tokens=0) == dataclasses.replace(slow, kind=Kind.COMBINE, num_tokens=0)
+    assert Header.of(2, 0, 0, 0, 0, 0).kind is Kind.COMBINE           # a plain int becomes the Kind
+    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+        Header.of(Kind.DISPATCH, 0, 0, 0, 0, -1)
+    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+        slow.replace(num_tokens=-1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.seq = 1                                                   # as frozen as the dataclass's own
+
+
+def test_a_corrupt_envelope_is_an_error_naming_it():
+    import struct
+    from asap.comm.transport import HEADER_WORDS as W, pack_envelope, unpack_envelope
+    env = pack_envelope(h(num_tokens=2), [torch.zeros(2, 3), torch.zeros(4, dtype=torch.long)])
+    header, layout = unpack_envelope(env)
+    assert header == h(num_tokens=2) and layout == ((torch.float32, (2, 3)), (torch.int64, (4,)))
+    bad = bytearray(env)
+    struct.pack_into("<q", bad, (W + 1) * 8, 99)                       # dtype code of the first tensor
+    with pytest.raises(RuntimeError, match="corrupt envelope: dtype code 99"):
+        unpack_envelope(bad)
+    bad = bytearray(env)
+    struct.pack_into("<q", bad, 0, 42)                                 # the header's kind
+    with pytest.raises(ValueError, match="42 is not a valid Kind"):
+        unpack_envelope(bad)
+
+
+def test_decoded_layouts_are_cached_but_bounded():
+    from asap.comm import transport
+    from asap.comm.transport import pack_envelope, unpack_envelope
+    for n in range(transport._MAX_LAYOUTS + 10):
+        assert unpack_envelope(pack_envelope(h(), [torch.zeros(n, 2)]))[1] == ((torch.float32, (n, 2)),)
+        assert len(transport._LAYOUTS) <= transport._MAX_LAYOUTS
+
+
 def test_unsupported_messages_are_rejected_with_the_limit_named(ranks):
     with pytest.raises(ValueError, match=f"at most {MAX_TENSORS} tensors"):
         ranks[0].send(1, h(), [torch.zeros(1)] * (MAX_TENSORS + 1))
@@ -276,7 +316,7 @@ def test_named_semaphore_counts_times_out_and_pickles_by_name():
 
 
 def test_big_messages_stream_intact_while_the_receiver_copies():
-    """A body of >= 1 MiB is read while it is being written (the receiver is woken after the
+    """A body of >= 256 KiB is read while it is being written (the receiver is woken after the
     envelope); a sender thread keeps writing while this thread copies out."""
     import threading
     from asap.comm.transport import Rows
