@@ -65,6 +65,16 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     merged = merge_headlines([tmp_path, tmp_path], tmp_path / "merged")
     assert len(merged["rows"]) == 2 * len(out["rows"]) and (tmp_path / "merged" / "headline.png").stat().st_size > 0
 
+    # resuming keeps the earlier rows and adds only the device counts above the last one, once each
+    part = json.loads((tmp_path / "headline.partial.json").read_text())
+    part["rows"] = part["rows"][:1]
+    more = run_headline(device_counts=(4, 8), workloads=(str(trace),), slo="0.005s+0.001ms/tok", slo_scales=(1.0,),
+                        num_requests=120, out_dir=None, resume=part, verbose=False, **SMALL)
+    assert [r["devices"] for r in more["rows"]] == [4, 8] and more["rows"][0] == part["rows"][0]
+    with pytest.raises(ValueError, match="already has rows up to 8"):
+        run_headline(device_counts=(4, 8), workloads=(str(trace),), slo="0.005s+0.001ms/tok", num_requests=120,
+                     out_dir=None, resume=out, verbose=False, **SMALL)
+
 
 def test_trace_window_holds_only_spans_inside_it():
     reqs = [Request(i, 6000, 0.01 * i) for i in range(8)]

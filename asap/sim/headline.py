@@ -73,8 +73,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
-    resume: an earlier headline (its JSON): each workload continues from its last row to `device_counts`
-    (coarse to fine from there), and the earlier rows are kept."""
+    resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
+    above it (coarse to fine from there), and the earlier rows are kept."""
     t_start = time.perf_counter()
     base_slo = parse_slo(slo)
     rows = []
@@ -96,7 +96,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 ranked = sorted((c for c in done[-1][engine]["candidates"] if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1]]
-        for devices in device_counts:
+        todo = [d for d in device_counts if prev_devices is None or d > prev_devices]   # resumed rows are kept
+        if resume is not None and not todo:
+            raise ValueError(f"resume: workload {wl!r} already has rows up to {prev_devices} devices; "
+                             f"ask for more devices than that (--devices)")
+        for devices in todo:
             row = {"workload": str(wl), "devices": devices}
             for engine in ("sync", "async"):
                 if prev_devices is None:
