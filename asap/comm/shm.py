@@ -18,8 +18,8 @@ One copy each way: the sender writes the envelope and every tensor (gathering
 rows straight from the activations, see transport.Rows) into the ring in place;
 the receiver copies each tensor out once, into a pooled buffer (transport.BufferPool).
 A message of >= 256 KiB is streamed: the receiver is woken as soon as the envelope
-is in place and copies 256 KiB chunks out while the sender is still writing the
-next ones, so the two copies overlap (with 1 MiB chunks a 1.8 MB message barely did).
+is in place and copies chunks (256 KiB to 1 MiB) out while the sender is still writing
+the next ones, so the two copies overlap (with 1 MiB chunks a 1.8 MB message barely did).
 Both ends do their per-message Python (envelope, header, allocation) before the big
 copy: a copy of a few MB flushes the core's caches, and torch calls after it run cold.
 
@@ -58,8 +58,11 @@ _SPACE_NAP_S = 0.002
 _SPIN_S = 300e-6
 # Bodies at least this big are streamed: the receiver is woken once the envelope is in the ring and
 # copies each chunk out while the sender writes the next, so a big message costs ~one copy, not two.
+# A streamed body goes in chunks of an eighth of it, 256 KiB to 1 MiB: small enough that a 2 MB message
+# overlaps its two copies, few enough that a 60 MB one is not hundreds of hand-offs (whenever the
+# receiver catches up it yields its core, on a loaded machine to another process).
 _STREAM_BYTES = 256 << 10
-_CHUNK = 256 << 10
+_MIN_CHUNK, _MAX_CHUNK = 256 << 10, 1 << 20
 _ENV = padded(ENVELOPE_BYTES, ALIGN)
 
 
@@ -191,7 +194,7 @@ class ShmTransport(Transport):
         at = off + _ENV
         for t, n in zip(tensors, sizes):
             if n:
-                _write(ring, at, n, t, off if stream else None)
+                _write(ring, at, n, t, off if stream else None, _chunk_bytes(body))
             at += padded(n, ALIGN)
         ring.commit()
         if not stream:
@@ -308,11 +311,16 @@ class ShmTransport(Transport):
                 time.sleep(0.0001)
 
 
-def _write(ring: Ring, at: int, n: int, t, body: int | None = None) -> None:
+def _chunk_bytes(body: int) -> int:
+    return min(_MAX_CHUNK, max(_MIN_CHUNK, (body // 8) & -ALIGN))
+
+
+def _write(ring: Ring, at: int, n: int, t, body: int | None = None, chunk: int = _MAX_CHUNK) -> None:
     """One copy into the ring at data offset `at`; from another device this is the comm boundary's
     one transfer. Contiguous CPU tensors go by memmove (no tensor views to build: ~1 us less each).
-    body: the record's body offset when it is streamed; the copy then goes in chunks, each published."""
-    chunk = _CHUNK if body is not None else n
+    body: the record's body offset when it is streamed; the copy then goes in chunks of `chunk`
+    bytes, each published."""
+    chunk = chunk if body is not None else n
     if isinstance(t, torch.Tensor) and t.is_cpu and t.is_contiguous():
         src, dst = t.data_ptr(), ring.addr + at
         if body is None:
