@@ -18,18 +18,31 @@ COMMANDS = [
     "asap.sim.cli",          # sim, profile
     "asap.server.cli",       # serve
 ]
+# Sub-commands of a lower package's command that live in a package above it (importing them from there would
+# point the tree upward): module -> [modules whose add_parser(subparsers) joins its command].
+EXTRA = {"asap.sim.cli": ["asap.bench.validate"]}       # `asap sim validate` drives bench targets
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asap", description="Disaggregated, asynchronous MoE prefill serving")
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMANDS:
         try:
-            importlib.import_module(mod).register(sub)
+            module = importlib.import_module(mod)
         except ModuleNotFoundError as e:
             if e.name != mod:
                 raise
-    args = parser.parse_args(argv)
+            continue
+        extra = [importlib.import_module(m).add_parser for m in EXTRA.get(mod, ())]
+        if extra:
+            module.register(sub, extra)
+        else:
+            module.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as e:

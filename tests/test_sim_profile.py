@@ -1,6 +1,5 @@
 """`asap profile`: fits reproduce the samples they came from, and the profile it writes is what
 get_hardware("cpu") loads from then on."""
-import argparse
 import json
 
 import pytest
@@ -72,9 +71,8 @@ def test_profile_cli_rejects_bad_threads(capsys):
 
 
 def test_sim_cli_offers_every_simulator_command():
-    from asap.sim.cli import register
-    p = argparse.ArgumentParser()
-    register(p.add_subparsers(dest="command"))
+    from asap.cli import build_parser
+    p = build_parser()
     for cmd in ("headline", "calibrate", "speed", "trace", "validate"):
         assert p.parse_args(["sim", cmd]).cmd == cmd
     a = p.parse_args(["profile", "--model", "tiny-deepseek-v3", "--out", "x.json", "--statistic", "median"])

@@ -212,7 +212,7 @@ def _pct(x) -> str:
     return f"{'-':>8}" if x is None else f"{x:>+8.1%}"
 
 
-# ---- CLI (`asap sim validate`, `python -m asap.sim validate`) ----
+# ---- CLI (`asap sim validate`: asap/cli.py adds this parser to the sim command) ----
 
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="one workload EMULATED, SIMULATED and REAL: TTFT errors",
@@ -236,6 +236,7 @@ def add_parser(sub) -> None:
     v.add_argument("--no-real", dest="real", action="store_false", help="skip the REAL run")
     v.add_argument("--json", default=None, help="write settings, summaries, errors and per-request TTFTs here")
     v.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    v.set_defaults(run=run_args)
 
 
 def run_args(a) -> int:

@@ -1,6 +1,7 @@
-"""`python -m asap.sim {headline,calibrate,speed,trace,validate} ...`, also `asap sim ...`.
+"""`python -m asap.sim {headline,calibrate,speed,trace} ...`, also `asap sim ...`.
 
-Every figure printed is SIMULATED, except validate's EMULATED and REAL runs, which say so."""
+Every figure printed is SIMULATED. `asap sim validate` (EMULATED and REAL runs beside the simulator) drives
+bench targets, so it lives in asap/bench/validate.py and the `asap` command adds it here (asap/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,9 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
     return path
 
 
-def add_commands(sub) -> None:
-    """headline, calibrate, speed, trace and validate, for `python -m asap.sim` and `asap sim`."""
-    from asap.bench.validate import add_parser as add_validate
+def add_commands(sub, extra=()) -> None:
+    """headline, calibrate, speed and trace, for `python -m asap.sim` and `asap sim`; `extra`: more
+    add_parser(sub) functions from the layers above, whose parsers set `run` (asap/cli.py)."""
     h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
@@ -77,10 +78,13 @@ def add_commands(sub) -> None:
     t.add_argument("--length", type=float, default=1.0)
     t.add_argument("--num-requests", type=int, default=200)
     t.add_argument("--out", default="out/sim_trace.json")
-    add_validate(sub)
+    for add in extra:
+        add(sub)
 
 
 def run_command(a) -> int:
+    if getattr(a, "run", None) is not None:      # a command added by a layer above
+        return a.run(a)
     if a.cmd == "headline":
         if a.merge:
             from asap.sim.headline import format_row, merge_headlines
@@ -100,9 +104,6 @@ def run_command(a) -> int:
         speed(a.num_requests, a.devices, a.engine)
     elif a.cmd == "trace":
         trace(a.out, a.engine, a.devices, a.rate, a.start, a.length, a.num_requests)
-    else:
-        from asap.bench.validate import run_args
-        return run_args(a)
     return 0
 
 

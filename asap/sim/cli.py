@@ -1,13 +1,16 @@
-"""`asap sim {headline,calibrate,speed,trace,validate}` (as `python -m asap.sim`) and `asap profile`."""
+"""`asap sim {headline,calibrate,speed,trace,validate}` and `asap profile`.
+
+The sim sub-commands are asap/sim/__main__.py's (`python -m asap.sim`); validate comes from the bench layer
+above, passed in by asap/cli.py."""
 from __future__ import annotations
 
 import argparse
 
 
-def register(sub):
+def register(sub, extra=()):
     from asap.sim.__main__ import add_commands, run_command
     p = sub.add_parser("sim", help="the discrete-event simulator: headline, calibrate, speed, trace, validate")
-    add_commands(p.add_subparsers(dest="cmd", required=True))
+    add_commands(p.add_subparsers(dest="cmd", required=True), extra)
     p.set_defaults(func=run_command)
 
     q = sub.add_parser("profile", help="measure this CPU's kernels and shm link; write the calibrated cpu profile",
