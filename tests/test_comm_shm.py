@@ -1,10 +1,9 @@
-"""Single-process promises of asap.comm's transports: wire format, ring arithmetic,
-shm resource hygiene, and the torch.distributed spec. Several shm ranks live in this
-one process (the `ranks` fixture, conftest.py). Cross-process behaviour is in
-test_comm.py; the dispatch/combine bookkeeping in test_comm_primitives.py."""
+"""Single-process promises of asap.comm's transports: ring arithmetic, shm resource hygiene,
+and the torch.distributed spec. Several shm ranks live in this one process (the `ranks`
+fixture, conftest.py). The wire format is in test_comm_wire.py, cross-process behaviour in
+test_comm.py, the dispatch/combine bookkeeping in test_comm_primitives.py."""
 from __future__ import annotations
 
-import math
 import os
 import random
 import subprocess
@@ -15,7 +14,7 @@ import time
 import pytest
 import torch
 
-from asap.comm import HEADER_WORDS, CommTimeout, Header, Kind, ShmTransportSpec
+from asap.comm import CommTimeout, Header, Kind, ShmTransportSpec
 from asap.comm.ring import Ring
 from asap.comm.transport import MAX_DIMS, MAX_TENSORS
 
@@ -27,56 +26,7 @@ def h(**kw):
     return Header(**{**base, **kw})
 
 
-# ---- headers and wire format ----
-
-def test_header_survives_encode_decode_bit_for_bit():
-    hd = Header(Kind.COMBINE, 3, 61, 2, 2**40, 7, deadline=math.inf, sent_at=123.456789, aux=-5)
-    enc = hd.encode()
-    assert enc.dtype == torch.int64 and enc.numel() == HEADER_WORDS
-    assert Header.decode(enc) == hd
-    with pytest.raises(ValueError, match=f"{HEADER_WORDS} int64 words"):
-        Header.decode(enc[:5])
-
-
-def test_fast_header_constructors_agree_with_the_dataclass():
-    import dataclasses
-    import pickle
-    slow = Header(Kind.DISPATCH, 1, 2, 3, 4, 5, deadline=6.5, sent_at=7.25, aux=8, epoch=9)
-    fast = Header.of(Kind.DISPATCH, 1, 2, 3, 4, 5, 6.5, 7.25, aux=8, epoch=9)
-    assert fast == slow and hash(fast) == hash(slow) and pickle.loads(pickle.dumps(fast)) == slow
-    assert fast.replace(kind=Kind.COMBINE, num_tokens=0) == dataclasses.replace(slow, kind=Kind.COMBINE, num_tokens=0)
-    assert Header.of(2, 0, 0, 0, 0, 0).kind is Kind.COMBINE           # a plain int becomes the Kind
-    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
-        Header.of(Kind.DISPATCH, 0, 0, 0, 0, -1)
-    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
-        slow.replace(num_tokens=-1)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.seq = 1                                                   # as frozen as the dataclass's own
-
-
-def test_a_corrupt_envelope_is_an_error_naming_it():
-    import struct
-    from asap.comm.transport import HEADER_WORDS as W, pack_envelope, unpack_envelope
-    env = pack_envelope(h(num_tokens=2), [torch.zeros(2, 3), torch.zeros(4, dtype=torch.long)])
-    header, layout = unpack_envelope(env)
-    assert header == h(num_tokens=2) and layout == ((torch.float32, (2, 3)), (torch.int64, (4,)))
-    bad = bytearray(env)
-    struct.pack_into("<q", bad, (W + 1) * 8, 99)                       # dtype code of the first tensor
-    with pytest.raises(RuntimeError, match="corrupt envelope: dtype code 99"):
-        unpack_envelope(bad)
-    bad = bytearray(env)
-    struct.pack_into("<q", bad, 0, 42)                                 # the header's kind
-    with pytest.raises(ValueError, match="42 is not a valid Kind"):
-        unpack_envelope(bad)
-
-
-def test_decoded_layouts_are_cached_but_bounded():
-    from asap.comm import transport
-    from asap.comm.transport import pack_envelope, unpack_envelope
-    for n in range(transport._MAX_LAYOUTS + 10):
-        assert unpack_envelope(pack_envelope(h(), [torch.zeros(n, 2)]))[1] == ((torch.float32, (n, 2)),)
-        assert len(transport._LAYOUTS) <= transport._MAX_LAYOUTS
-
+# ---- messages through the shm transport ----
 
 def test_unsupported_messages_are_rejected_with_the_limit_named(ranks):
     with pytest.raises(ValueError, match=f"at most {MAX_TENSORS} tensors"):
