@@ -20,8 +20,9 @@ The declared order, lowest first; a package may import itself and packages below
   server      the HTTP server over an engine
   cli         the `asap` command: every package registers its sub-commands here
 
-Why sim sits above engine: `asap sim validate` compares the emulated runtime with the simulator,
-so the simulator's package needs the engine, never the reverse. Why comm may import scheduler:
+Why sim sits above engine: `asap profile` (sim/profile.py, sim/kernels.py) times the workers' real
+kernels and the shm link to fit the simulator's CPU profile, so the simulator's package needs the
+runtime, never the reverse. Why comm may import scheduler:
 the expert side's batching choice is a policy (scheduler/expert_select.py), and policies are the
 bottom layer, not a peer.
 """
