@@ -4,7 +4,7 @@
 
 DeepSeek-V3 on cloudmatrix384 dies. Each async attention replica and each sync DP group gets its own LRU
 cache over the trace's 512-token block hashes, its capacity from the memory left after weights
-(asap.sim.run.prefix_cache_capacity); "unbounded" lifts the capacity to show what memory costs. The router is
+(asap.sim.memory.prefix_cache_capacity); "unbounded" lifts the capacity to show what memory costs. The router is
 the same as without a cache (not cache-aware). Uses the shipped sample unless $ASAP_TRACE_DIR names the full
 traces. Prints the token hit rate and mean / P90 TTFT of each case, and async/sync mean TTFT with the cache
 off and on.

@@ -9,7 +9,8 @@ import pytest
 from asap.scheduler.prefix_cache import BLOCK_TOKENS, PrefixCache, PrefixCachedScheduler
 from asap.scheduler.request import Request
 from asap.sim.experiments import trace_requests
-from asap.sim.run import get_hardware, get_model, prefix_cache_capacity, run
+from asap.sim.memory import prefix_cache_capacity
+from asap.sim.run import get_hardware, get_model, run
 from asap.workload.traces import default_trace_path, read_trace
 from asap.workload.workload import Workload
 

@@ -88,7 +88,8 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
 def untuned(s: DemoSettings, devices: int) -> dict:
     """The fallback when no tuning is stored: the cost model's balanced A:E split, sync with its defaults."""
     from asap.sim.cost import CostModel
-    from asap.sim.run import balanced_split, get_model, min_expert_workers
+    from asap.sim.memory import min_expert_workers
+    from asap.sim.run import balanced_split, get_model
     from asap.sim.hardware import get_hardware
     from asap.sim.tune import EngineConfig
     cfg, hw = get_model(s.model), get_hardware(s.hardware)

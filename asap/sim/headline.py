@@ -24,7 +24,8 @@ from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.sim.experiments import at_rate
-from asap.sim.run import get_model, min_expert_workers, run
+from asap.sim.memory import min_expert_workers
+from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
 from asap.sim.tune import INSTANCE_DEVICES, REFINE, EngineConfig, space, tune
 from asap.workload.presets import workload_requests

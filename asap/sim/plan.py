@@ -22,7 +22,8 @@ from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
 from asap.sim.hardware import get_hardware
-from asap.sim.run import balanced_split, get_model, min_expert_workers, run
+from asap.sim.memory import min_expert_workers
+from asap.sim.run import balanced_split, get_model, run
 
 WORKLOADS = ("trace", "poisson", "gamma")
 

@@ -29,7 +29,8 @@ from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
 from asap.scheduler.request import Request
 from asap.sim.experiments import at_rate
-from asap.sim.run import balanced_split, get_model, min_expert_workers, run
+from asap.sim.memory import min_expert_workers
+from asap.sim.run import balanced_split, get_model, run
 
 INSTANCE_DEVICES = 32       # a sync prefill instance at large N (DeepSeek's and SGLang's EP32 on 4 nodes)
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
