@@ -13,6 +13,7 @@ the emulated run passes (>= 90% within SLO) at (1 - band) R and fails at (1 + ba
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--dilation", type=float, default=FULL.dilation,
                    help="emulated time runs this many times slower than the wall clock")
     args = p.parse_args(argv)
-    s = FULL.__class__(**{**FULL.__dict__, "dilation": args.dilation})
+    s = dataclasses.replace(FULL, dilation=args.dilation)
     devices = s.devices
     tuned = tuned_configs(s, devices, emulatable_only=True)
     print(f"[EMULATED vs SIMULATED] {s.model} on {devices} {s.hardware}-like dies, dilation {s.dilation:g}, "
