@@ -38,7 +38,7 @@ def payload(src: int, i: int) -> tuple[Header, list[torch.Tensor]]:
                torch.rand(3, generator=g) > 0.5,
                torch.tensor(float(i))]                               # 0-dim
     header = Header(Kind.CONTROL, src, i % 5, i % 3, i, rows,
-                    deadline=math.inf if i % 2 else 1e6 + i, sent_at=float(i), aux=-i)
+                    deadline=math.inf if i % 2 else 1e6 + i, sent_at=float(i), ready_ns=-i)
     return header, tensors
 
 

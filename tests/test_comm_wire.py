@@ -15,7 +15,7 @@ def h(**kw):
 
 
 def test_header_survives_encode_decode_bit_for_bit():
-    hd = Header(Kind.COMBINE, 3, 61, 2, 2**40, 7, deadline=math.inf, sent_at=123.456789, aux=-5)
+    hd = Header(Kind.COMBINE, 3, 61, 2, 2**40, 7, deadline=math.inf, sent_at=123.456789, ready_ns=-5)
     enc = hd.encode()
     assert enc.dtype == torch.int64 and enc.numel() == HEADER_WORDS
     assert Header.decode(enc) == hd
@@ -26,8 +26,8 @@ def test_header_survives_encode_decode_bit_for_bit():
 def test_fast_header_constructors_agree_with_the_dataclass():
     import dataclasses
     import pickle
-    slow = Header(Kind.DISPATCH, 1, 2, 3, 4, 5, deadline=6.5, sent_at=7.25, aux=8, epoch=9)
-    fast = Header.of(Kind.DISPATCH, 1, 2, 3, 4, 5, 6.5, 7.25, aux=8, epoch=9)
+    slow = Header(Kind.DISPATCH, 1, 2, 3, 4, 5, deadline=6.5, sent_at=7.25, ready_ns=8, epoch=9)
+    fast = Header.of(Kind.DISPATCH, 1, 2, 3, 4, 5, 6.5, 7.25, ready_ns=8, epoch=9)
     assert fast == slow and hash(fast) == hash(slow) and pickle.loads(pickle.dumps(fast)) == slow
     assert fast.replace(kind=Kind.COMBINE, num_tokens=0) == dataclasses.replace(slow, kind=Kind.COMBINE, num_tokens=0)
     assert Header.of(2, 0, 0, 0, 0, 0).kind is Kind.COMBINE           # a plain int becomes the Kind

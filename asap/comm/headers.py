@@ -3,7 +3,7 @@
 A Header says what a message is (kind), whose it is (replica, layer,
 microbatch, seq), which epoch of its replica it belongs to (epoch: bumped on a
 timeout, so late answers of an abandoned step can be told apart and purged)
-and how urgent it is (deadline, sent_at). It travels as a
+and how urgent it is (deadline, sent_at); under an emulated link, when it is due (ready_ns). It travels as a
 fixed-size int64 tensor so that both transports can send it without pickling;
 the two float fields are stored bit-for-bit in int64 words.
 """
@@ -41,7 +41,9 @@ class Header:
     num_tokens: int       # rows in this message
     deadline: float = math.inf   # earliest TTFT deadline among the tokens' requests
     sent_at: float = 0.0         # time.monotonic() at send; monotonic is machine-wide on Linux
-    aux: int = 0                 # free field
+    # An emulated link (asap.workers.link): the receiving Mailbox files the message no earlier than
+    # time.monotonic_ns() >= ready_ns, the time the hardware profile's link would deliver it; 0 = on receipt.
+    ready_ns: int = 0
     epoch: int = 0               # the sending replica's epoch (asap.comm.mailbox: older epochs are purged)
 
     def __post_init__(self):
@@ -52,7 +54,7 @@ class Header:
 
     @classmethod
     def of(cls, kind: Kind, replica: int, layer: int, microbatch: int, seq: int, num_tokens: int,
-           deadline: float = math.inf, sent_at: float = 0.0, aux: int = 0, epoch: int = 0) -> "Header":
+           deadline: float = math.inf, sent_at: float = 0.0, ready_ns: int = 0, epoch: int = 0) -> "Header":
         """Header(...) for the hot path: the same checks, without the frozen dataclass's ten
         object.__setattr__ calls (~1.5 us, a tenth of a 1-token message's budget)."""
         if num_tokens < 0:
@@ -60,7 +62,7 @@ class Header:
         h = object.__new__(cls)
         h.__dict__.update(kind=kind if type(kind) is Kind else Kind(kind), replica=replica, layer=layer,
                           microbatch=microbatch, seq=seq, num_tokens=num_tokens, deadline=deadline,
-                          sent_at=sent_at, aux=aux, epoch=epoch)
+                          sent_at=sent_at, ready_ns=ready_ns, epoch=epoch)
         return h
 
     def replace(self, **changes) -> "Header":
@@ -76,17 +78,17 @@ class Header:
     def fields(self) -> tuple:
         """The words to_bytes packs, in wire order (HEADER_FORMAT)."""
         return (self.kind, self.replica, self.layer, self.microbatch, self.seq,
-                self.num_tokens, self.aux, self.epoch, self.deadline, self.sent_at)
+                self.num_tokens, self.ready_ns, self.epoch, self.deadline, self.sent_at)
 
     def to_bytes(self) -> bytes:
         return _LAYOUT.pack(*self.fields())
 
     @classmethod
-    def from_fields(cls, kind, replica, layer, mb, seq, num_tokens, aux, epoch, deadline, sent_at) -> "Header":
+    def from_fields(cls, kind, replica, layer, mb, seq, num_tokens, ready_ns, epoch, deadline, sent_at) -> "Header":
         """Inverse of fields(); ValueError for a kind or a row count no sender could have written."""
         if kind not in _KINDS:
             raise ValueError(f"{kind} is not a valid Kind")
-        return cls.of(_KINDS[kind], replica, layer, mb, seq, num_tokens, deadline, sent_at, aux, epoch)
+        return cls.of(_KINDS[kind], replica, layer, mb, seq, num_tokens, deadline, sent_at, ready_ns, epoch)
 
     @classmethod
     def from_bytes(cls, data) -> "Header":

@@ -13,9 +13,15 @@ Bounded: every message carries its replica's epoch. A replica bumps its epoch
 when it gives up on a step (a timeout); from then on, work and partials of its
 older epochs are purged when the new epoch is first seen, and dropped if they
 arrive later. So answers that come after a timeout never pile up.
+
+Due times: a message whose header carries a future `ready_ns` (an emulated link, asap.workers.link) is
+held and filed when that time comes, as if it had only then arrived; every wait on the mailbox wakes
+for it.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -64,16 +70,39 @@ class Mailbox:
         self.epochs: dict[int, int] = {}                                # replica -> newest epoch seen
         self.num_dropped = 0                                             # late messages of old epochs
         self.num_stale_barriers = 0
+        self._held: list[tuple[int, int, Message]] = []                # (ready_ns, order, msg): not yet due
+        self._order = itertools.count()
 
     def pump(self, timeout: float | None) -> bool:
-        """File everything that has arrived, waiting up to timeout (None = forever) for the first
-        message. True if anything arrived."""
-        msg = self.transport.poll() if timeout is not None and timeout <= 0 else self.transport.recv(timeout)
-        if msg is None:
-            return False
+        """File everything that has arrived (and is due), waiting up to timeout (None = forever) for the
+        first message. True if anything was filed."""
+        filed = self._release()
+        if self._held and not filed:          # wake when the first held message falls due
+            due = max(0.0, (self._held[0][0] - time.monotonic_ns()) / 1e9)
+            timeout = due if timeout is None else min(timeout, due)
+        msg = self.transport.poll() if filed or (timeout is not None and timeout <= 0) \
+            else self.transport.recv(timeout)
         while msg is not None:
-            self._file(msg)
+            filed |= self.deliver(msg)
             msg = self.transport.poll()
+        return self._release() or filed
+
+    def deliver(self, msg: Message) -> bool:
+        """File one message taken from the transport elsewhere (or hold it until it is due).
+        True if it was filed now."""
+        if msg.header.ready_ns > time.monotonic_ns():
+            heapq.heappush(self._held, (msg.header.ready_ns, next(self._order), msg))
+            return False
+        self._file(msg)
+        return True
+
+    def _release(self) -> bool:
+        """File the held messages that are due."""
+        if not self._held or self._held[0][0] > time.monotonic_ns():
+            return False
+        now = time.monotonic_ns()
+        while self._held and self._held[0][0] <= now:
+            self._file(heapq.heappop(self._held)[2])
         return True
 
     def take_control(self, src: int | None = None, timeout: float | None = None) -> Message | None:

@@ -198,7 +198,7 @@ def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor) -> None:
     """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from."""
     if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
         raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
-    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic())
+    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic(), ready_ns=0)
     t.send(item.src, header, [partial])
 
 

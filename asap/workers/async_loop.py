@@ -19,9 +19,10 @@ from asap.workers.replica import Replica
 from asap.workers.step import run_step
 
 
-def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool):
-    """dest(layer, topk_ids) -> transport rank per (token, expert) pair (asap.workers.destinations)."""
-    exchange = PointToPoint(transport, Mailbox(transport), dest, replica.index, ctx.spans)
+def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool, link=None):
+    """dest(layer, topk_ids) -> transport rank per (token, expert) pair (asap.workers.destinations);
+    link: the emulated link (asap.workers.link), None for a real one."""
+    exchange = PointToPoint(transport, Mailbox(transport), dest, replica.index, ctx.spans, link)
     depth = StepDepth(k, adaptive)
     while ctx.running():
         if not ctx.intake(replica, block=not replica.has_work):

@@ -12,16 +12,21 @@ from asap.cost.model import CostModel
 
 
 class CostTable:
-    def __init__(self, cost: CostModel):
+    def __init__(self, cost: CostModel, nic_per_copy: float = 0.0):
         self.cost = cost
+        # An async expert worker's own combine traffic per row (emulated link; asap.workers.link): its GEMMs
+        # and its NIC run side by side, the slower counting, as CostModel.expert_seconds charges them.
+        self.nic_per_copy = nic_per_copy
 
     def attention_layer(self, chunks: list[tuple[int, int]], is_moe: bool) -> float:
         """One layer's attention stage for chunks of (num_new_tokens, context_before)."""
         return self.cost.chunks_seconds(is_moe, chunks) if chunks else 0.0
 
     def experts(self, num_pairs: int, num_experts_touched: int) -> float:
-        """One expert worker's grouped GEMM over num_pairs token-expert rows."""
-        return self.cost.expert_gemm_seconds(num_pairs, num_experts_touched) if num_pairs else 0.0
+        """One expert worker's grouped GEMM over num_pairs token-expert rows (or its NIC, if slower)."""
+        if not num_pairs:
+            return 0.0
+        return max(self.cost.expert_gemm_seconds(num_pairs, num_experts_touched), num_pairs * self.nic_per_copy)
 
     def head(self, num_rows: int) -> float:
         m = self.cost.model
@@ -29,6 +34,8 @@ class CostTable:
                                                     m.hidden_size * m.vocab_size * self.cost.hw.weight_bytes)
 
 
-def cost_table(cfg: ModelConfig, hardware: str) -> CostTable:
+def cost_table(cfg: ModelConfig, hardware: str, overlapped: bool = True) -> CostTable:
+    """overlapped=False: comm never runs beside compute (sync without two-batch overlap), so compute keeps
+    every core (CostModel(overlapped=...), as the simulator's sync engine builds it)."""
     from asap.cost.hardware import get_hardware
-    return CostTable(CostModel(cfg, get_hardware(hardware)))
+    return CostTable(CostModel(cfg, get_hardware(hardware), overlapped=overlapped))

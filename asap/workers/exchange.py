@@ -14,6 +14,8 @@ micro-batch i's all-to-all is in flight (SGLang TBO, vLLM DBO).
 
 Both stamp the replica's epoch on what they send; `abandon` (after a timeout)
 bumps it, so the mailboxes purge the late answers of the abandoned step.
+Under emulated compute both also charge the hardware profile's link
+(asap.workers.link: `link`), as the simulator does; otherwise `link` is None.
 """
 from __future__ import annotations
 
@@ -24,18 +26,20 @@ from collections import deque
 import torch
 
 from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
+from asap.workers.link import wait_until
 
 
 class _Stamped:
-    """The transport as dispatch_send sees it: every header gets this replica's current epoch."""
+    """The transport as dispatch_send sees it: every header gets this replica's current epoch (and,
+    under an emulated link, the time the message is due)."""
 
     def __init__(self, transport, epoch: int):
-        self.transport, self.epoch = transport, epoch
+        self.transport, self.epoch, self.ready_ns = transport, epoch, 0
         # dispatch_send reads world_size (else it pays a host sync, dest.max()) and calls send; nothing else
         self.world_size = transport.world_size
 
     def send(self, dst, header, tensors):
-        self.transport.send(dst, header.replace(epoch=self.epoch), tensors)
+        self.transport.send(dst, header.replace(epoch=self.epoch, ready_ns=self.ready_ns), tensors)
 
     def __getattr__(self, name):          # everything else is the transport's own
         return getattr(self.transport, name)
@@ -44,8 +48,9 @@ class _Stamped:
 class _Exchange:
     """What both exchanges share: the epoch-stamped send side, combine arrival times, and `abandon`."""
 
-    def __init__(self, transport, mailbox, dest, owner: int, spans):
+    def __init__(self, transport, mailbox, dest, owner: int, spans, link=None):
         self.transport, self.mailbox, self.dest, self.owner, self.spans = transport, mailbox, dest, owner, spans
+        self.link = link
         self.inbox = CombineInbox(mailbox)
         self._out = _Stamped(transport, 0)
         self._pending: dict[tuple[int, int], object] = {}    # (mb, layer) -> what combine waits on
@@ -65,6 +70,13 @@ class _Exchange:
         self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, fallback)
         self.mailbox.forget(pc.key)
 
+    def _send_dispatch(self, due_ns: int, **kw):
+        self._out.ready_ns = due_ns
+        try:
+            return dispatch_send(self._out, **kw)
+        finally:
+            self._out.ready_ns = 0
+
     def abandon(self) -> None:
         self._out.epoch += 1
         self._pending.clear()
@@ -73,26 +85,32 @@ class _Exchange:
 
 
 class PointToPoint(_Exchange):
-    def __init__(self, transport, mailbox, dest, replica: int, spans):
-        super().__init__(transport, mailbox, dest, replica, spans)
+    def __init__(self, transport, mailbox, dest, replica: int, spans, link=None):
+        super().__init__(transport, mailbox, dest, replica, spans, link)
         self.replica = replica
         self.seq = 0
         self.deadlines: list[float] = []          # per micro-batch of the current step (deadline-first experts)
 
     def dispatch(self, mb: int, layer: int, out) -> None:
         deadline = self.deadlines[mb] if mb < len(self.deadlines) else math.inf
-        pc = dispatch_send(self._out, out.x, out.topk_ids, out.topk_weights,
-                           self.dest(layer, out.topk_ids), replica=self.replica, layer=layer, microbatch=mb,
-                           seq=self.seq, deadline=deadline)
+        copies = out.topk_ids.numel()
+        pc = self._send_dispatch(self.link.dispatch_due(copies) if self.link else 0,
+                                 x=out.x, topk_ids=out.topk_ids, topk_weights=out.topk_weights,
+                                 dest=self.dest(layer, out.topk_ids), replica=self.replica, layer=layer,
+                                 microbatch=mb, seq=self.seq, deadline=deadline)
         self.seq += 1
-        self._pending[(mb, layer)] = (pc, time.monotonic())
+        self._pending[(mb, layer)] = (pc, time.monotonic(), copies)
         self._arrived.pop((mb, layer), None)
 
     def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
-        pc, sent_at = self._pending.pop((mb, layer))
+        pc, sent_at, copies = self._pending.pop((mb, layer))
         with self.spans.span("stall"):
             partial = combine_recv(self.inbox, pc, timeout=timeout)
-        self._received(mb, layer, pc, sent_at)
+            self._received(mb, layer, pc, sent_at)
+            if self.link:       # the answers cross this replica's incoming link
+                due = self.link.received(self._arrived[(mb, layer)], copies)
+                wait_until(due)
+                self._arrived[(mb, layer)] = due
         return partial
 
 
@@ -107,13 +125,14 @@ class _KeySelector:
 
 
 class AllToAll(_Exchange):
-    def __init__(self, transport, mailbox, dest, rank: int, compute, spans):
-        super().__init__(transport, mailbox, dest, rank, spans)
+    def __init__(self, transport, mailbox, dest, rank: int, compute, spans, link=None):
+        super().__init__(transport, mailbox, dest, rank, spans, link)
         self.rank, self.compute = rank, compute
         self.ranks = list(range(transport.world_size))
         self.queue = WorkQueue(mailbox)
         self.step = 0
         self._to_serve: deque[tuple[int, int, int]] = deque()   # (step, layer, mb), in dispatch order
+        self._copies: dict[tuple[int, int, int], int] = {}       # key -> this rank's own T x top_k
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -123,11 +142,14 @@ class AllToAll(_Exchange):
             self.mailbox.num_dropped += len(stale)
 
     def dispatch(self, mb: int, layer: int, out) -> None:
-        pc = dispatch_send(self._out, out.x, out.topk_ids, out.topk_weights,
-                           self.dest(layer, out.topk_ids), replica=self.rank, layer=layer, microbatch=mb,
-                           seq=self.step, always_to=self.ranks)
+        copies = out.topk_ids.numel()
+        pc = self._send_dispatch(self.link.dispatch_due(copies) if self.link else 0,
+                                 x=out.x, topk_ids=out.topk_ids, topk_weights=out.topk_weights,
+                                 dest=self.dest(layer, out.topk_ids), replica=self.rank, layer=layer,
+                                 microbatch=mb, seq=self.step, always_to=self.ranks)
         self._pending[(mb, layer)] = pc
         self._to_serve.append((self.step, layer, mb))
+        self._copies[(self.step, layer, mb)] = copies
         self._arrived.pop((mb, layer), None)
 
     def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
@@ -158,6 +180,7 @@ class AllToAll(_Exchange):
 
     def abandon(self) -> None:
         self._to_serve.clear()
+        self._copies.clear()
         super().abandon()
 
     def _all_in(self, key) -> bool:
@@ -166,16 +189,31 @@ class AllToAll(_Exchange):
 
     def _serve(self, key) -> None:
         items = dispatch_recv(self.queue, timeout=0, selector=_KeySelector(key))
+        own = self._copies.pop(key, 0)
+        due = None if self.link is None else lambda pairs: self.link.combine_due(max(pairs, own))
         with self.spans.span("compute"):
-            serve_experts(self.compute, self.transport, items)
+            serve_experts(self.compute, self.transport, items, due)
 
 
-def serve_experts(compute, transport, items) -> None:
+class _Due:
+    """The transport as combine_send sees it under an emulated link: every header gets its due time."""
+
+    def __init__(self, transport, ready_ns: int):
+        self.transport, self.ready_ns = transport, ready_ns
+
+    def send(self, dst, header, tensors):
+        self.transport.send(dst, header.replace(ready_ns=self.ready_ns), tensors)
+
+
+def serve_experts(compute, transport, items, due=None) -> None:
     """The expert side of both engines: one batch of same-layer work items through this shard, each
-    partial back to the rank it came from."""
+    partial back to the rank it came from. due(pairs) -> ns: when the answers are due (an emulated link)."""
     layer = items[0].header.layer
     sizes = [it.x.shape[0] for it in items]
-    partial = compute.experts(layer, torch.cat([it.x for it in items]), torch.cat([it.topk_ids for it in items]),
+    ids = torch.cat([it.topk_ids for it in items])
+    partial = compute.experts(layer, torch.cat([it.x for it in items]), ids,
                               torch.cat([it.topk_weights for it in items]))
+    if due is not None:
+        transport = _Due(transport, due(int((ids >= 0).sum())))
     for it, part in zip(items, partial.split(sizes)):
         combine_send(transport, it, part.contiguous())

@@ -101,14 +101,26 @@ def worker_device(device: str, local_rank: int, num_gpus: int | None = None) -> 
 
 
 def _compute(spec: WorkerSpec, attention: bool):
+    """(compute, link): emulated compute waits out the cost model and charges its link (asap.workers.link);
+    real compute has the real link (None)."""
     rt = spec.runtime
     if rt.compute == "emulated":
         from asap.workers.compute import EmulatedCompute
         from asap.workers.costs import cost_table
-        return EmulatedCompute(spec.model_cfg, cost_table(spec.model_cfg, rt.hardware), rt.emulated_hidden,
-                               rt.dilation, seed=spec.rank, device=spec.device)
+        from asap.workers.link import emulated_link
+        sync = spec.role == "rank"
+        table = cost_table(spec.model_cfg, rt.hardware, overlapped=not sync or rt.microbatches > 1)
+        if sync:
+            link = emulated_link(table.cost, "sync", rt.devices, rt.devices, rt.dilation)
+        else:
+            link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
+                                 rt.dilation)
+            if spec.role == "expert":
+                table.nic_per_copy = link.combine_per_copy / rt.dilation
+        return EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
+                               device=spec.device), link
     from asap.workers.compute import RealCompute
-    return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device)
+    return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device), None
 
 
 def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
@@ -129,7 +141,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
         from asap.scheduler.replica import ReplicaScheduler
         from asap.workers.replica import Replica
         rt = spec.runtime
-        compute = _compute(spec, attention=spec.role != "expert")
+        compute, link = _compute(spec, attention=spec.role != "expert")
         transport = spec.transport.connect(spec.rank)
         if rt.remote_experts and spec.role == "expert":
             replicas = set(range(rt.attention_workers))
@@ -147,7 +159,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
 
         if spec.role == "attention":
             from asap.workers.async_loop import attention_loop
-            attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth)
+            attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth, link)
         elif spec.role == "expert":
             from asap.scheduler.expert_select import AggregationWindow, make_selector
             from asap.pipeline.depth import expert_batch_cap
@@ -158,7 +170,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             expert_loop(ctx, compute, transport, sel)
         else:
             from asap.workers.sync_loop import rank_loop
-            rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1)
+            rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1, link=link)
     except Exception:  # noqa: BLE001 - reported to the engine, which fails the affected requests
         results.put(Failure(f"{spec.role}{spec.index}", traceback.format_exc()))
     finally:

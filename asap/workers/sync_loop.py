@@ -29,10 +29,10 @@ from asap.workers.replica import Replica
 from asap.workers.step import run_step
 
 
-def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool):
+def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=None):
     transport = Loopback(transport)
     mailbox = Mailbox(transport)
-    exchange = AllToAll(transport, mailbox, dest, replica.index, compute, ctx.spans)
+    exchange = AllToAll(transport, mailbox, dest, replica.index, compute, ctx.spans, link)
     ranks = exchange.ranks
     k = 2 if tbo else 1
     step, sent = 0, False
@@ -117,7 +117,7 @@ def idle_wait(ctx, replica, mailbox, transport, ranks, step: int) -> bool:
         listener.stop.set()
         listener.join()
         for msg in listener.got:
-            mailbox._file(msg)
+            mailbox.deliver(msg)
     return sent
 
 

@@ -1,0 +1,96 @@
+"""The emulated runtime charges the hardware profile's link as the simulator does (asap.workers.link).
+
+Without it an emulated dispatch or combine costs only what the shm transport takes, and the emulated
+runtime runs ahead of the simulator by the whole link time. On a profile whose link latency dwarfs the
+compute, a lone prompt's emulated TTFT must land on the simulator's, for both engines.
+"""
+import dataclasses
+import time
+
+import pytest
+
+import asap
+from asap.comm.headers import Header, Kind
+from asap.comm.mailbox import Mailbox
+from asap.comm.transport import Message
+from asap.config import RuntimeConfig
+from asap.cost.hardware import get_hardware
+from asap.model.config import ModelConfig
+from asap.model.materialize import resolve_model
+from asap.scheduler.request import Request
+from asap.sim.from_runtime import sim_kwargs
+from asap.sim.run import run
+from asap.workers.link import EmulatedLink
+
+
+class Wire:
+    rank, world_size = 0, 2
+
+    def __init__(self, msgs):
+        self.inbox = list(msgs)
+
+    def poll(self):
+        return self.inbox.pop(0) if self.inbox else None
+
+    def recv(self, timeout):
+        if not self.inbox and timeout:
+            time.sleep(timeout)
+        return self.poll()
+
+
+def _combine(seq: int, ready_ns: int) -> Message:
+    import torch
+    return Message(1, Header(Kind.COMBINE, 0, 0, 0, seq, 1, ready_ns=ready_ns), [torch.zeros(1, 4)])
+
+
+def test_a_message_is_filed_when_it_is_due_and_a_wait_wakes_for_it():
+    now = time.monotonic_ns()
+    box = Mailbox(Wire([_combine(1, now + 150_000_000), _combine(2, 0)]))
+    box.pump(0)
+    assert (0, 0, 0, 2) in box.partials and (0, 0, 0, 1) not in box.partials     # the undue one is held
+    t0 = time.monotonic()
+    box.pump(None)                     # nothing else will ever come: the wait ends when the held one is due
+    waited = time.monotonic() - t0
+    assert (0, 0, 0, 1) in box.partials
+    assert 0.1 < waited < 1.0, waited
+    assert box.arrived_at[(0, 0, 0, 1)] >= now / 1e9 + 0.15
+
+
+def test_the_link_serialises_message_groups_and_adds_the_latency_once():
+    link = EmulatedLink(latency_s=0.01, dispatch_per_copy_s=0.001, combine_per_copy_s=0.002, dilation=2.0)
+    t0 = time.monotonic()
+    first = link.dispatch_due(10) / 1e9          # 10 copies x 1 ms x 2, then 10 ms x 2
+    second = link.combine_due(5) / 1e9           # waits for the first on the same outgoing link
+    assert first - t0 == pytest.approx(0.02 + 0.02, abs=0.005)
+    assert second - first == pytest.approx(5 * 0.004, abs=0.005)
+    assert link.received(t0, 10) - t0 == pytest.approx(10 * 0.004 + 0.02, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def slow_link(tmp_path_factory):
+    """The CPU profile with a 25 ms link latency: ~50 ms per MoE layer in the link alone."""
+    hw = get_hardware("cpu")
+    slow = dataclasses.replace(hw, name="slow-link", link=dataclasses.replace(hw.link, latency_s=0.025))
+    path = tmp_path_factory.mktemp("hw") / "slow-link.json"
+    slow.save(path)
+    return str(path)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine,layout", [("sync", dict(devices=2, microbatches=1)),
+                                           ("async", dict(attention_workers=1, expert_workers=1, microbatches=1))])
+def test_a_lone_prompt_takes_the_simulated_link_time(slow_link, engine, layout):
+    rt = RuntimeConfig(compute="emulated", hardware=slow_link, router="round-robin", **layout)
+    cfg = ModelConfig.from_dir(resolve_model("tiny-deepseek-v3", config_only=True))
+    sim = run([Request(0, 64)], model_cfg=cfg, **sim_kwargs(rt, engine)).results[0].ttft
+    link_only = 2 * sum(cfg.moe_layers) * 0.025
+    assert sim > link_only, "the simulated TTFT should be mostly link"
+    with asap.LLM("tiny-deepseek-v3", engine=engine, runtime=rt) as llm:
+        llm.submit(num_tokens=64).result(timeout=60)                  # warm-up
+        took = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            llm.submit(num_tokens=64).result(timeout=60)
+            took.append(time.monotonic() - t0)
+    emulated = min(took)
+    assert 0.9 * sim < emulated < 1.3 * sim + 0.02, (emulated, sim)
