@@ -20,7 +20,10 @@ class RuntimeConfig:
     """How the async and sync engines are laid out and scheduled."""
     attention_workers: int = _f(1, "async: number of attention replicas (A)")
     expert_workers: int = _f(1, "async: number of expert workers (E)")
-    devices: int = _f(2, "sync: number of DP+EP ranks (N); compare with A+E")
+    devices: int = _f(2, "sync: number of devices, DP x attention_tp, with EP over all of them; compare with A x "
+                         "attention_tp + E")
+    attention_tp: int = _f(1, "attention tensor parallelism per async replica or sync DP group; > 1 needs compute "
+                              "emulated (one process stands for its TP group; real-compute TP is not built)")
     transport: str = _f("shm", "shm (one machine) or gloo/nccl (torch.distributed)")
     token_budget: int = _f(2048, "max prompt tokens per replica step (chunked prefill)")
     microbatches: int = _f(2, "micro-batches in flight per replica (ping-pong depth); sync: 1 or 2 (two-batch overlap)")
@@ -50,7 +53,7 @@ class RuntimeConfig:
                                      "torchrun on another node), not by this engine")
 
     def __post_init__(self):
-        for name in ("attention_workers", "expert_workers", "devices", "token_budget", "microbatches",
+        for name in ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
                      "max_queue", "threads_per_worker", "emulated_hidden", "ring_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -62,6 +65,9 @@ class RuntimeConfig:
             raise ValueError(f"admission must be off, reject or demote, got {self.admission!r}")
         if self.remote_experts and (self.transport == "shm" or not self.master_port):
             raise ValueError("remote_experts needs transport gloo or nccl and a fixed master_port")
+        if self.attention_tp > 1 and self.compute != "emulated":
+            raise ValueError(f"attention_tp={self.attention_tp} needs compute='emulated': real-compute tensor "
+                             "parallelism is not built")
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "stop_grace_s"):

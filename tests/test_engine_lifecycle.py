@@ -114,6 +114,41 @@ def test_ctrl_c_during_a_prefill_exits_fast(tmp_path):
         proc.kill()
 
 
+@pytest.mark.parametrize("engine,layout", [("async", "attention_workers=2, expert_workers=2"), ("sync", "devices=2")])
+def test_workers_exit_soon_after_their_engine_process_is_killed(engine, layout):
+    """SIGKILL (or a SIGTERM with Python's default handler) leaves no clean-up to run in the engine's process:
+    its workers must notice by themselves, mid-step included (an attention worker waiting for a combine
+    from experts that have already gone), well before their comm timeout."""
+    script = textwrap.dedent(f"""
+        import time, asap
+        llm = asap.LLM("tiny-deepseek-v3", engine="{engine}", {layout}, compute="emulated", dilation=50,
+                       comm_timeout_s=60)
+        futures = [llm.submit(num_tokens=2000) for _ in range(4)]
+        print(" ".join(str(p.pid) for p in llm.engine.cluster.procs.values()), flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids, proc.stderr.read()
+        time.sleep(1.0)                               # mid-prefill: the emulated steps take seconds
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        while [p for p in pids if _alive(p)] and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+        left = [p for p in pids if _alive(p)]
+        print(f"{engine}: workers gone {time.monotonic() - t0:.2f}s after the engine was killed")
+        assert not left, f"workers {left} outlived their engine by 15 s (comm timeout 60 s)"
+    finally:
+        proc.kill()
+        for p in pids if "pids" in dir() else []:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def test_a_broken_shard_fails_the_constructor_with_one_line(tmp_path, tiny_dirs):
     broken = tmp_path / "model"
     shutil.copytree(tiny_dirs["tiny-deepseek-v3"], broken)

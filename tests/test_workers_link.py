@@ -1,4 +1,5 @@
-"""The emulated runtime charges the hardware profile's link as the simulator does (asap.workers.link).
+"""The emulated runtime charges the hardware profile's link as the simulator does (asap.workers.link),
+and emulates attention tensor parallelism as the simulator models it.
 
 Without it an emulated dispatch or combine costs only what the shm transport takes, and the emulated
 runtime runs ahead of the simulator by the whole link time. On a profile whose link latency dwarfs the
@@ -77,8 +78,12 @@ def slow_link(tmp_path_factory):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("engine,layout", [("sync", dict(devices=2, microbatches=1)),
-                                           ("async", dict(attention_workers=1, expert_workers=1, microbatches=1))])
+@pytest.mark.parametrize("engine,layout", [
+    ("sync", dict(devices=2, microbatches=1)),
+    ("async", dict(attention_workers=1, expert_workers=1, microbatches=1)),
+    # emulated attention TP: one process stands for its group, with the group's all-reduce and its share
+    ("sync", dict(devices=4, attention_tp=2, microbatches=1)),
+    ("async", dict(attention_workers=1, attention_tp=2, expert_workers=1, microbatches=1))])
 def test_a_lone_prompt_takes_the_simulated_link_time(slow_link, engine, layout):
     rt = RuntimeConfig(compute="emulated", hardware=slow_link, router="round-robin", **layout)
     cfg = ModelConfig.from_dir(resolve_model("tiny-deepseek-v3", config_only=True))
@@ -94,3 +99,10 @@ def test_a_lone_prompt_takes_the_simulated_link_time(slow_link, engine, layout):
             took.append(time.monotonic() - t0)
     emulated = min(took)
     assert 0.9 * sim < emulated < 1.3 * sim + 0.02, (emulated, sim)
+
+
+def test_attention_tp_needs_emulated_compute_and_must_divide_the_sync_devices():
+    with pytest.raises(ValueError, match="needs compute='emulated'"):
+        RuntimeConfig(attention_tp=2, devices=4)
+    with pytest.raises(ValueError, match="must divide devices"):
+        asap.LLM("tiny-deepseek-v3", engine="sync", compute="emulated", attention_tp=4, devices=6)

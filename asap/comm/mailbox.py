@@ -30,10 +30,11 @@ from typing import Callable, TypeVar
 import torch
 
 from asap.comm.headers import Header, Kind
-from asap.comm.transport import Message, Transport
+from asap.comm.transport import CommTimeout, Message, Transport
 from asap.scheduler.expert_select import WorkInfo
 
 T = TypeVar("T")
+ALIVE_CHECK_S = 0.5     # with `alive`: how often a wait checks it
 
 
 @dataclass
@@ -58,8 +59,12 @@ class StaleBarrier(RuntimeError):
 
 
 class Mailbox:
-    def __init__(self, t: Transport):
+    def __init__(self, t: Transport, alive: Callable[[], bool] | None = None):
+        """alive: whether the waits are still wanted (a worker: its engine process lives); checked every
+        ALIVE_CHECK_S while waiting, and a wait gives up with CommTimeout once it says no, so a worker
+        whose engine died does not sit out a whole comm timeout (its peers may be gone too)."""
         self.transport = t
+        self.alive = alive
         self.work: list[WorkItem] = []                                  # arrival order
         self.partials: dict[tuple, dict[int, torch.Tensor]] = {}       # key -> {src rank: partial}
         self.arrived_at: dict[tuple, float] = {}                       # key -> when its last partial was filed
@@ -86,6 +91,10 @@ class Mailbox:
             filed |= self.deliver(msg)
             msg = self.transport.poll()
         return self._release() or filed
+
+    def check_alive(self) -> None:
+        if self.alive is not None and not self.alive():
+            raise CommTimeout("the engine process is gone: giving up the wait")
 
     def deliver(self, msg: Message) -> bool:
         """File one message taken from the transport elsewhere (or hold it until it is due).
@@ -198,7 +207,10 @@ def wait_for(mailbox: Mailbox, find: Callable[[], T], timeout: float | None,
         wait = None if deadline is None else deadline - time.monotonic()
         if wait is not None and wait <= 0:
             return found
+        mailbox.check_alive()
         cap = nap()
+        if mailbox.alive is not None:
+            cap = ALIVE_CHECK_S if cap is None else min(cap, ALIVE_CHECK_S)
         if cap is not None:
             wait = cap if wait is None else min(wait, cap)
         mailbox.pump(wait)

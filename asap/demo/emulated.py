@@ -1,9 +1,11 @@
 """EMULATED: a DeepSeek-V3 cluster as real worker processes, compute timed from the cost model.
 
-Every device is a worker process; requests, dispatch/combine and the sync barrier are real messages
-over shared memory. Only the compute is replaced: each op waits for the time the cost model gives for
-a CloudMatrix384-like die (`compute="emulated"`, `hardware="cloudmatrix384"`), stretched by `dilation`
-so that this CPU's own overheads stay small against it (figures are reported in emulated-hardware time).
+Every device is a worker process (an attention TP group is one process that stands for its devices);
+requests, dispatch/combine and the sync barrier are real messages over shared memory. Only the compute
+and the link are replaced: each op waits for the time the cost model gives for a CloudMatrix384-like die
+(`compute="emulated"`, `hardware="cloudmatrix384"`), and each message is delivered when the profile's link
+would deliver it (asap/workers/link.py), both stretched by `dilation` so that this CPU's own overheads stay
+small against them (figures are reported in emulated-hardware time).
 
 Both engines run in their best-tuned configuration for this workload and cluster, from the tuner
 (asap/demo/tuning.py: asap.sim.tune, restricted to what the runtime can emulate).
@@ -23,14 +25,19 @@ from asap.demo.tuning import tuned_configs
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
+    from asap.sim.run import get_model
+    tp = c.attention_tp
+    workers = devices // tp if c.engine == "sync" else devices - c.attention_workers * tp
+    # None: the fewest extra copies that give every worker the same slot count, as the simulator takes it
+    redundant = c.redundant_experts if c.redundant_experts is not None else (-get_model(s.model).num_experts) % workers
     common = dict(compute="emulated", hardware=s.hardware, dilation=s.dilation, token_budget=c.token_budget,
-                  router=c.router, redundant_experts=c.redundant_experts or 0, comm_timeout_s=120.0)
+                  router=c.router, redundant_experts=redundant, attention_tp=tp, comm_timeout_s=120.0)
     if c.engine == "sync":
-        return RuntimeConfig(devices=devices, attention_workers=1, expert_workers=devices - 1,
+        return RuntimeConfig(devices=devices, attention_workers=1, expert_workers=max(1, workers - 1),
                              microbatches=2 if c.two_batch_overlap else 1, **common)
     adaptive = c.microbatches == "adaptive"
-    return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=devices - c.attention_workers,
-                         devices=devices, microbatches=2 if adaptive else int(c.microbatches),
+    return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=workers,
+                         devices=c.attention_workers * tp + workers, microbatches=2 if adaptive else int(c.microbatches),
                          adaptive_depth=adaptive, **common)
 
 

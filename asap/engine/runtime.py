@@ -41,12 +41,12 @@ class RuntimeEngine:
         # dtype None: the checkpoint's torch_dtype, resolved once here so every worker gets the same name.
         self.dtype = runtime_dtype(self.cfg, dtype)
         self.emulated = rt.compute == "emulated"
-        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices
+        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices // rt.attention_tp
         self._layout_args = (self.cfg, rt, mode, str(model_dir), str(self.dtype).removeprefix("torch."),
                              str(device), send_kv)
         self.placement: Placement | None = None          # None: the layout's default
         self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
-        cost = replica_cost(self.cfg, rt)
+        cost = replica_cost(self.cfg, rt, mode)
         self.router = make_router(rt.router, cost)
         self.predictor = QueueAwareRouter(cost)          # predicted TTFT for admission, whatever the router
         self.admission = SLOAdmission(rt.admission, rt.admission_slack)

@@ -15,7 +15,7 @@ from asap.config import RuntimeConfig
 from asap.pipeline.depth import MAX_ADAPTIVE_K, expert_batch_cap
 
 HONOURED = frozenset({
-    "attention_workers", "expert_workers", "devices", "token_budget", "microbatches", "adaptive_depth", "router",
+    "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
     "order", "selector", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware"})
 MECHANICS = frozenset({
     "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
@@ -42,14 +42,15 @@ def sim_kwargs(runtime: RuntimeConfig, engine: str, devices: int | None = None) 
         why = _UNSUPPORTED.get(name, "it has no simulator counterpart (classify it in asap/sim/from_runtime.py)")
         raise ValueError(f"RuntimeConfig.{name}={value!r} cannot be simulated: {why}")
     common = dict(hardware=runtime.hardware, token_budget=runtime.token_budget, router=runtime.router,
-                  order=runtime.order, max_queue=runtime.max_queue, redundant_experts=runtime.redundant_experts)
+                  order=runtime.order, max_queue=runtime.max_queue, redundant_experts=runtime.redundant_experts,
+                  attention_tp=runtime.attention_tp)
     if engine == "sync":
         return dict(engine="sync", devices=devices or runtime.devices, two_batch_overlap=runtime.microbatches > 1,
                     **common)
     if runtime.adaptive_depth and runtime.microbatches > MAX_ADAPTIVE_K:
         raise ValueError(f"RuntimeConfig.microbatches={runtime.microbatches} with adaptive_depth cannot be "
                          f"simulated: the simulator's adaptive depth tops out at {MAX_ADAPTIVE_K}")
-    return dict(engine="async", devices=runtime.attention_workers + runtime.expert_workers,
+    return dict(engine="async", devices=runtime.attention_workers * runtime.attention_tp + runtime.expert_workers,
                 attention_workers=runtime.attention_workers, selector=runtime.selector,
                 microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                 window_s=runtime.aggregation_window_ms / 1000,

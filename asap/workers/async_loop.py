@@ -22,7 +22,7 @@ from asap.workers.step import run_step
 def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool, link=None):
     """dest(layer, topk_ids) -> transport rank per (token, expert) pair (asap.workers.destinations);
     link: the emulated link (asap.workers.link), None for a real one."""
-    exchange = PointToPoint(transport, Mailbox(transport), dest, replica.index, ctx.spans, link)
+    exchange = PointToPoint(transport, Mailbox(transport, alive=ctx.engine_alive), dest, replica.index, ctx.spans, link)
     depth = StepDepth(k, adaptive)
     while ctx.running():
         if not ctx.intake(replica, block=not replica.has_work):
@@ -45,7 +45,7 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
 
 
 def expert_loop(ctx, compute, transport, selector):
-    queue = WorkQueue(Mailbox(transport))
+    queue = WorkQueue(Mailbox(transport))      # its loop checks ctx.running() every 50 ms
     while ctx.running():
         t0 = time.monotonic()
         items = dispatch_recv(queue, timeout=0.05, selector=selector)

@@ -23,10 +23,13 @@ class CostTable:
         return self.cost.chunks_seconds(is_moe, chunks) if chunks else 0.0
 
     def experts(self, num_pairs: int, num_experts_touched: int) -> float:
-        """One expert worker's grouped GEMM over num_pairs token-expert rows (or its NIC, if slower)."""
+        """One expert worker's grouped GEMM over num_pairs token-expert rows (or its NIC, if slower). A worker
+        that stands for g devices (a sync rank of a TP group: CostModel.rank_devices) spreads them over its g."""
         if not num_pairs:
             return 0.0
-        return max(self.cost.expert_gemm_seconds(num_pairs, num_experts_touched), num_pairs * self.nic_per_copy)
+        g = self.cost.rank_devices
+        gemm = self.cost.expert_gemm_seconds(num_pairs / g, max(1.0, num_experts_touched / g))
+        return max(gemm, num_pairs * self.nic_per_copy)
 
     def head(self, num_rows: int) -> float:
         m = self.cost.model
@@ -34,8 +37,17 @@ class CostTable:
                                                     m.hidden_size * m.vocab_size * self.cost.hw.weight_bytes)
 
 
-def cost_table(cfg: ModelConfig, hardware: str, overlapped: bool = True) -> CostTable:
-    """overlapped=False: comm never runs beside compute (sync without two-batch overlap), so compute keeps
-    every core (CostModel(overlapped=...), as the simulator's sync engine builds it)."""
+def cost_table(cfg: ModelConfig, hardware: str, **options) -> CostTable:
+    """options: CostModel's attn_tp, rank_devices, overlapped."""
     from asap.cost.hardware import get_hardware
-    return CostTable(CostModel(cfg, get_hardware(hardware), overlapped=overlapped))
+    return CostTable(CostModel(cfg, get_hardware(hardware), **options))
+
+
+def runtime_cost_table(cfg: ModelConfig, rt, engine: str) -> CostTable:
+    """The cost table an engine's emulated workers wait on, with the options the simulator builds the same
+    engine with (asap.sim.run.build_engine): sync, one rank per DP group of attention_tp devices, compute
+    sharing the cores with comm only under two-batch overlap; async, attention_tp per replica."""
+    tp = rt.attention_tp
+    if engine == "sync":
+        return cost_table(cfg, rt.hardware, attn_tp=tp, rank_devices=tp, overlapped=rt.microbatches > 1)
+    return cost_table(cfg, rt.hardware, attn_tp=tp)

@@ -25,6 +25,7 @@ from collections import deque
 
 import torch
 
+from asap.comm.mailbox import ALIVE_CHECK_S
 from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
 from asap.workers.link import wait_until
 
@@ -171,8 +172,9 @@ class AllToAll(_Exchange):
                         == key}
                 raise CommTimeout(f"all-to-all {key}: dispatches from {sorted(have)} of {len(self.ranks)} ranks, "
                                   f"combines from {sorted(got)} of {sorted(pc.rows)}")
+            self.mailbox.check_alive()
             t0 = time.monotonic()
-            self.mailbox.pump(wait)
+            self.mailbox.pump(ALIVE_CHECK_S if wait is None else min(wait, ALIVE_CHECK_S))
             self.spans.add("stall", t0, time.monotonic())
         partial = combine_recv(self.inbox, pc, timeout=0)
         self._received(mb, layer, pc, time.monotonic())

@@ -44,10 +44,10 @@ def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int, num_gpus: 
                              device="cuda" if rt.transport == "nccl" else "cpu")
 
 
-def replica_cost(cfg: ModelConfig, rt: RuntimeConfig):
+def replica_cost(cfg: ModelConfig, rt: RuntimeConfig, mode: str):
     """The router's cost predictor: the cost model on this engine's hardware profile (emulated: dilated)."""
-    from asap.workers.costs import cost_table
-    fn = cost_table(cfg, rt.hardware).cost.replica_cost_fn()
+    from asap.workers.costs import runtime_cost_table
+    fn = runtime_cost_table(cfg, rt, mode).cost.replica_cost_fn()
     scale = rt.dilation if rt.compute == "emulated" else 1.0
     return lambda batch: scale * fn(batch)
 
@@ -71,7 +71,9 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
         first_expert_rank, world = A, A + E
         pairs = [(a, A + e) for a in range(A) for e in range(E)] + [(A + e, a) for a in range(A) for e in range(E)]
     elif mode == "sync":
-        A = E = rt.devices
+        if rt.devices % rt.attention_tp:
+            raise ValueError(f"sync: attention_tp={rt.attention_tp} must divide devices={rt.devices} (DP x TP)")
+        A = E = rt.devices // rt.attention_tp      # one rank per DP group (emulated TP: one process per group)
         if E > cfg.num_experts:
             raise ValueError(f"devices={E} exceeds the model's {cfg.num_experts} experts")
         first_expert_rank, world = 0, A

@@ -48,6 +48,10 @@ class WorkerContext:
         self._next_check = 0.0
         self.finished = lambda: False    # a remote expert worker: set once every replica has closed
 
+    def engine_alive(self) -> bool:
+        """Whether the engine process that started this worker still runs (waits on peers give up if not)."""
+        return self._parent is None or self._parent.is_alive()
+
     def running(self) -> bool:
         now = time.monotonic()
         if now >= self._next_check:
@@ -106,12 +110,13 @@ def _compute(spec: WorkerSpec, attention: bool):
     rt = spec.runtime
     if rt.compute == "emulated":
         from asap.workers.compute import EmulatedCompute
-        from asap.workers.costs import cost_table
+        from asap.workers.costs import runtime_cost_table
         from asap.workers.link import emulated_link
         sync = spec.role == "rank"
-        table = cost_table(spec.model_cfg, rt.hardware, overlapped=not sync or rt.microbatches > 1)
+        table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async")
         if sync:
-            link = emulated_link(table.cost, "sync", rt.devices, rt.devices, rt.dilation)
+            ranks = rt.devices // rt.attention_tp
+            link = emulated_link(table.cost, "sync", ranks, ranks, rt.dilation)
         else:
             link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
                                  rt.dilation)

@@ -31,7 +31,7 @@ from asap.workers.step import run_step
 
 def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=None):
     transport = Loopback(transport)
-    mailbox = Mailbox(transport)
+    mailbox = Mailbox(transport, alive=ctx.engine_alive)
     exchange = AllToAll(transport, mailbox, dest, replica.index, compute, ctx.spans, link)
     ranks = exchange.ranks
     k = 2 if tbo else 1
