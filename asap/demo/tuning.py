@@ -37,7 +37,7 @@ def tune_requests(devices: int) -> int:
 
 
 # asap/sim files off the simulation path: commands and other studies
-NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.py", "profile.py", "calibrate.py",
+NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.py", "profile.py", "calibrate.py", "from_runtime.py",
                   "trace_export.py"}
 
 
