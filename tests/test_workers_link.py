@@ -106,3 +106,39 @@ def test_attention_tp_needs_emulated_compute_and_must_divide_the_sync_devices():
         RuntimeConfig(attention_tp=2, devices=4)
     with pytest.raises(ValueError, match="must divide devices"):
         asap.LLM("tiny-deepseek-v3", engine="sync", compute="emulated", attention_tp=4, devices=6)
+
+
+@pytest.mark.timeout(30)
+def test_an_async_combine_crosses_the_in_link_from_when_the_experts_sent_it():
+    """A replica busy with another micro-batch's attention files an answer late; the emulated in-link must
+    count from when the expert sent it (as the simulator does), not from when the replica looked."""
+    import torch
+    from asap.comm import Mailbox, ShmTransportSpec, WorkQueue, dispatch_recv
+    from asap.model.stages import StageOut
+    from asap.workers.exchange import PointToPoint, serve_experts
+    from asap.workers.spans import SpanRecorder
+
+    class Doubling:
+        def experts(self, layer, x, topk_ids, topk_weights):
+            return 2 * x
+
+    spec = ShmTransportSpec(2, ring_bytes=1 << 20, send_timeout=2.0)
+    replica_t, expert_t = spec.connect(0), spec.connect(1)
+    try:
+        link = EmulatedLink(latency_s=0.0, dispatch_per_copy_s=0.0, combine_per_copy_s=0.02)   # 10 copies: 0.2 s
+        ex = PointToPoint(replica_t, Mailbox(replica_t), lambda layer, ids: torch.ones_like(ids), 0,
+                          SpanRecorder("a0"), link)
+        x = torch.randn(5, 4)
+        ex.dispatch(0, 1, StageOut(h=x, x=x, topk_ids=torch.zeros(5, 2, dtype=torch.long),
+                                   topk_weights=torch.full((5, 2), 0.5)))
+        items = dispatch_recv(WorkQueue(Mailbox(expert_t)), timeout=5)
+        serve_experts(Doubling(), expert_t, items)
+        sent = time.monotonic()
+        time.sleep(0.3)                     # the replica is busy elsewhere while the answer crosses its link
+        t0 = time.monotonic()
+        ex.combine(0, 1, timeout=5)
+        assert time.monotonic() - t0 < 0.1, "the in-link was charged from when the replica filed the answer"
+        assert ex.arrival(0, 1) == pytest.approx(sent + 0.2, abs=0.05)
+    finally:
+        replica_t.close(), expert_t.close()
+        spec.cleanup()

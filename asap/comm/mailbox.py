@@ -68,6 +68,7 @@ class Mailbox:
         self.work: list[WorkItem] = []                                  # arrival order
         self.partials: dict[tuple, dict[int, torch.Tensor]] = {}       # key -> {src rank: partial}
         self.arrived_at: dict[tuple, float] = {}                       # key -> when its last partial was filed
+        self.last_sent: dict[tuple, float] = {}                        # key -> when its last partial was sent
         self._partial_epoch: dict[tuple, int] = {}                     # key -> its epoch
         self.barriers: dict[int, dict[int, bool]] = {}                  # step -> {src rank: has work}
         self.barrier_floor = 0                                           # flags of steps below are stale
@@ -151,6 +152,7 @@ class Mailbox:
         for key in [k for k, e in self._partial_epoch.items() if k[0] == replica and e < epoch]:
             self.num_dropped += len(self.partials.pop(key, {}))
             self.arrived_at.pop(key, None)
+            self.last_sent.pop(key, None)
             del self._partial_epoch[key]
 
     def _file(self, msg: Message) -> None:
@@ -172,6 +174,7 @@ class Mailbox:
                 raise RuntimeError(f"second COMBINE for {h.key} from rank {msg.src}")
             got[msg.src] = msg.tensors[0]
             self.arrived_at[h.key] = time.monotonic()
+            self.last_sent[h.key] = max(self.last_sent.get(h.key, 0.0), h.sent_at)
             self._partial_epoch[h.key] = h.epoch
         elif h.kind == Kind.BARRIER:
             self._file_barrier(msg.src, h.seq, bool(h.microbatch))
@@ -191,6 +194,7 @@ class Mailbox:
     def forget(self, key: tuple) -> None:
         """Drop the bookkeeping of a combine that has been taken (combine_recv pops the partials)."""
         self.arrived_at.pop(key, None)
+        self.last_sent.pop(key, None)
         self._partial_epoch.pop(key, None)
 
 

@@ -107,9 +107,12 @@ class PointToPoint(_Exchange):
         pc, sent_at, copies = self._pending.pop((mb, layer))
         with self.spans.span("stall"):
             partial = combine_recv(self.inbox, pc, timeout=timeout)
+            # The answers cross this replica's incoming link from when the last expert sent its part (not from
+            # when this replica, busy with another micro-batch's attention, got round to filing it).
+            done = self.mailbox.last_sent.get(pc.key, sent_at)
             self._received(mb, layer, pc, sent_at)
-            if self.link:       # the answers cross this replica's incoming link
-                due = self.link.received(self._arrived[(mb, layer)], copies)
+            if self.link:
+                due = self.link.received(done, copies)
                 wait_until(due)
                 self._arrived[(mb, layer)] = due
         return partial
