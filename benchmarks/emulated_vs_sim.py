@@ -1,6 +1,6 @@
 """EMULATED against SIMULATED: does the runtime put each engine's SLO-compliant maximum where the simulator does?
 
-    python benchmarks/emulated_vs_sim.py [--engines sync async] [--band 0.1] [--dilation 8]
+    python benchmarks/emulated_vs_sim.py [--engines sync async] [--band 0.1] [--dilation 8] [--lone]
 
 The demo's 24-device workload (asap/demo/settings.py: DeepSeek-V3 on CloudMatrix384-like dies, Mooncake
 prompt lengths x1/8, Poisson arrivals, SLO 5x a prompt's idle sync TTFT) and each engine's best-tuned
@@ -9,6 +9,8 @@ runtime (real worker processes and messages, compute timed from the same cost mo
 (1 - band) R and (1 + band) R on requests whose arrivals span >= 10x the mean SLO budget (the burst rule),
 and the simulator replays the same requests. The emulated maximum lies within +-band of the simulator's when
 the emulated run passes (>= 90% within SLO) at (1 - band) R and fails at (1 + band) R.
+--lone instead times lone prompts (500, 2,000 and 8,000 tokens, one at a time on the idle engine) both ways:
+the runtime's own overhead per request, with no queueing to amplify it.
 """
 from __future__ import annotations
 
@@ -37,6 +39,22 @@ def requests_at(s, devices: int, rate: float):
     return demo_requests(s, devices, n, rate)
 
 
+def lone(engine: str, s, runtime) -> None:
+    import asap
+    from asap.scheduler.request import Request
+    from asap.sim.from_runtime import sim_kwargs
+    from asap.sim.run import run
+    with asap.LLM(s.model, engine=engine, runtime=runtime) as llm:
+        llm.submit(num_tokens=2000).result(timeout=600)          # warm-up
+        for n in (500, 2000, 8000):
+            sim = run([Request(0, n)], model_cfg=s.model, **sim_kwargs(runtime, engine)).results[0].ttft
+            t0 = time.monotonic()
+            llm.submit(num_tokens=n).result(timeout=600)
+            emu = (time.monotonic() - t0) / s.dilation
+            print(f"  lone prompt of {n} tokens: EMULATED {emu * 1e3:.1f} ms, SIMULATED {sim * 1e3:.1f} ms "
+                  f"(EMULATED / SIMULATED {emu / sim:.3f})", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", nargs="+", default=["sync", "async"], choices=["sync", "async"])
@@ -45,6 +63,7 @@ def main(argv=None) -> int:
                    help="run one end of the bracket only (low = (1 - band) R, high = (1 + band) R)")
     p.add_argument("--dilation", type=float, default=FULL.dilation,
                    help="emulated time runs this many times slower than the wall clock")
+    p.add_argument("--lone", action="store_true", help="time lone prompts instead of bracketing the maxima")
     args = p.parse_args(argv)
     s = dataclasses.replace(FULL, dilation=args.dilation)
     devices = s.devices
@@ -55,6 +74,9 @@ def main(argv=None) -> int:
     for engine in args.engines:
         c, r_sim = tuned[engine], tuned["tuning"][engine]["max_slo_rate"]
         print(f"{engine}: {c.describe(devices)}; SIMULATED SLO-compliant rate {r_sim:.3g} req/s")
+        if args.lone:
+            lone(engine, s, runtime_for(c, s, devices))
+            continue
         target = EngineTarget(engine, s.model, runtime_for(c, s, devices), progress=False)
         passed = {}
         try:
