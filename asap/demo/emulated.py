@@ -52,7 +52,10 @@ def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list
     runs = []
     for engine in ("sync", "async"):
         runtime = runtime_for(tuned[engine], s, s.devices)
-        log(f"EMULATED: {engine}: starting {s.devices} worker processes ({tuned[engine].describe(s.devices)})")
+        procs = runtime.devices // runtime.attention_tp if engine == "sync" else \
+            runtime.attention_workers + runtime.expert_workers
+        log(f"EMULATED: {engine}: starting {procs} worker processes for {s.devices} dies "
+            f"({tuned[engine].describe(s.devices)})")
         target = EngineTarget(engine, s.model, runtime, progress=False)
         try:
             log(f"EMULATED: {engine}: {len(requests)} requests at {s.rate:g} req/s "

@@ -26,7 +26,8 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
         f"REAL (measured on this CPU, real weights and compute, {real['model']}): async and sync "
         + ("return exactly the reference engine's first tokens, logits and KV"
            if real["exact"] else "DO NOT match the reference engine: see the table above"),
-        f"EMULATED (measured: {emulated['devices']} real worker processes exchanging real messages; compute = "
+        f"EMULATED (measured: {emulated['devices']} dies as real worker processes (one per die, or per attention TP "
+        f"group) exchanging real messages; compute and link = "
         f"waits from the cost model of DeepSeek-V3 on CloudMatrix384-like dies; best emulatable configurations): "
         + compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": ")
         + f"; workers stalled {stall['sync']:.0%} of the time in sync, {stall['async']:.0%} in async; at "
