@@ -89,7 +89,11 @@ def test_restart_after_an_expert_kill_is_fast():
 
 
 def test_ctrl_c_during_a_prefill_exits_fast(tmp_path):
+    # Python keeps SIGINT ignored if it starts that way (a job started with & by a non-interactive shell):
+    # give the script the terminal's default, which is what a user's Ctrl-C meets.
     script = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import asap
         with asap.LLM("tiny-deepseek-v3", engine="async", attention_workers=2, expert_workers=2,
                       token_budget=64) as llm:
