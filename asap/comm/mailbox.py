@@ -100,7 +100,7 @@ class Mailbox:
     def deliver(self, msg: Message) -> bool:
         """File one message taken from the transport elsewhere (or hold it until it is due).
         True if it was filed now."""
-        if msg.header.ready_ns > time.monotonic_ns():
+        if msg.header.ready_ns and msg.header.ready_ns > time.monotonic_ns():     # 0: no clock read
             heapq.heappush(self._held, (msg.header.ready_ns, next(self._order), msg))
             return False
         self._file(msg)
@@ -108,9 +108,11 @@ class Mailbox:
 
     def _release(self) -> bool:
         """File the held messages that are due."""
-        if not self._held or self._held[0][0] > time.monotonic_ns():
+        if not self._held:
             return False
         now = time.monotonic_ns()
+        if self._held[0][0] > now:
+            return False
         while self._held and self._held[0][0] <= now:
             self._file(heapq.heappop(self._held)[2])
         return True

@@ -123,10 +123,12 @@ def _arange(T: int, device: torch.device) -> torch.Tensor:
 
 def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   dest: torch.Tensor, *, replica: int, layer: int, microbatch: int, seq: int,
-                  deadline: float = math.inf, always_to: Sequence[int] = (), epoch: int = 0) -> PendingCombine:
+                  deadline: float = math.inf, always_to: Sequence[int] = (), epoch: int = 0,
+                  ready_ns: int = 0) -> PendingCombine:
     """Send each rank the tokens that have >= 1 (token, k) pair routed to it; dest[t, k] is that
     pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless.
-    epoch: the sending replica's epoch, stamped in every header (asap.comm.mailbox).
+    epoch: the sending replica's epoch, stamped in every header (asap.comm.mailbox); ready_ns: when the
+    messages are due (an emulated link; 0 = on receipt).
     The rows of x are gathered by the transport straight into its buffer (transport.Rows)."""
     now = time.monotonic()
     xs, ks = x.shape, topk_ids.shape
@@ -140,14 +142,14 @@ def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_we
         world = max([int(dest.max()) + 1 if dest.numel() else 0, *[r + 1 for r in always_to]])
     r = _single_rank(dest, world)
     if r is not None and all(q == r for q in always_to):     # the common case: send x as it is
-        t.send(r, Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, xs[0], deadline, now, epoch=epoch),
+        t.send(r, Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, xs[0], deadline, now, ready_ns, epoch),
                [x, topk_ids, topk_weights])
         return PendingCombine((replica, layer, microbatch, seq), xs[0], {r: _arange(xs[0], x.device)}, xs[1],
                               x.dtype, x.device, whole=True)
     lay = dispatch_layout(dest, topk_ids, topk_weights, world, always_to)
     for r, idx in lay.rows.items():
         rows = x if lay.whole == r else Rows(x, idx)
-        header = Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, idx.numel(), deadline, now, epoch=epoch)
+        header = Header.of(Kind.DISPATCH, replica, layer, microbatch, seq, idx.numel(), deadline, now, ready_ns, epoch)
         t.send(r, header, [rows, lay.topk_ids[r], lay.topk_weights[r]])
     return PendingCombine((replica, layer, microbatch, seq), xs[0], lay.rows, xs[1], x.dtype, x.device,
                           whole=lay.whole is not None)
@@ -194,11 +196,13 @@ def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> l
     return wait_for(q.mailbox, pick, timeout, nap=nap) or []
 
 
-def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor) -> None:
-    """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from."""
+def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor, ready_ns: int = 0) -> None:
+    """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from
+    (due at ready_ns under an emulated link)."""
     if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
         raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
-    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic(), ready_ns=0)
+    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic(),
+                                 ready_ns=ready_ns)
     t.send(item.src, header, [partial])
 
 

@@ -17,6 +17,7 @@ from asap.model import stages
 from asap.model.batch import Batch, KVCache
 from asap.model.loader import load_attention_side, load_expert_shard
 from asap.model.moe import combine, expert_stage
+from asap.workers.link import wait_until
 
 
 class RealCompute:
@@ -68,9 +69,7 @@ class EmulatedCompute:
         self.strides = torch.arange(cfg.top_k, device=self.device)[None, :] * max(1, cfg.num_experts // cfg.top_k)
 
     def _wait(self, seconds: float):
-        end = time.perf_counter() + seconds * self.dilation
-        while (left := end - time.perf_counter()) > 0:
-            time.sleep(left)
+        wait_until(time.monotonic() + seconds * self.dilation)
 
     def new_kv(self):
         return None

@@ -25,41 +25,26 @@ from collections import deque
 
 import torch
 
-from asap.comm.mailbox import ALIVE_CHECK_S
 from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
+from asap.comm.mailbox import ALIVE_CHECK_S
 from asap.workers.link import wait_until
 
 
-class _Stamped:
-    """The transport as dispatch_send sees it: every header gets this replica's current epoch (and,
-    under an emulated link, the time the message is due)."""
-
-    def __init__(self, transport, epoch: int):
-        self.transport, self.epoch, self.ready_ns = transport, epoch, 0
-        # dispatch_send reads world_size (else it pays a host sync, dest.max()) and calls send; nothing else
-        self.world_size = transport.world_size
-
-    def send(self, dst, header, tensors):
-        self.transport.send(dst, header.replace(epoch=self.epoch, ready_ns=self.ready_ns), tensors)
-
-    def __getattr__(self, name):          # everything else is the transport's own
-        return getattr(self.transport, name)
-
-
 class _Exchange:
-    """What both exchanges share: the epoch-stamped send side, combine arrival times, and `abandon`."""
+    """What both exchanges share: the replica's epoch (stamped on what it sends), combine arrival times,
+    and `abandon`."""
 
     def __init__(self, transport, mailbox, dest, owner: int, spans, link=None):
         self.transport, self.mailbox, self.dest, self.owner, self.spans = transport, mailbox, dest, owner, spans
         self.link = link
         self.inbox = CombineInbox(mailbox)
-        self._out = _Stamped(transport, 0)
+        self._epoch = 0
         self._pending: dict[tuple[int, int], object] = {}    # (mb, layer) -> what combine waits on
         self._arrived: dict[tuple[int, int], float] = {}     # (mb, layer) -> when its combine was filed
 
     @property
     def epoch(self) -> int:
-        return self._out.epoch
+        return self._epoch
 
     def poll(self) -> None:
         self.mailbox.pump(0)
@@ -71,18 +56,11 @@ class _Exchange:
         self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, fallback)
         self.mailbox.forget(pc.key)
 
-    def _send_dispatch(self, due_ns: int, **kw):
-        self._out.ready_ns = due_ns
-        try:
-            return dispatch_send(self._out, **kw)
-        finally:
-            self._out.ready_ns = 0
-
     def abandon(self) -> None:
-        self._out.epoch += 1
+        self._epoch += 1
         self._pending.clear()
         self._arrived.clear()
-        self.mailbox.advance_epoch(self.owner, self._out.epoch)
+        self.mailbox.advance_epoch(self.owner, self._epoch)
 
 
 class PointToPoint(_Exchange):
@@ -95,10 +73,9 @@ class PointToPoint(_Exchange):
     def dispatch(self, mb: int, layer: int, out) -> None:
         deadline = self.deadlines[mb] if mb < len(self.deadlines) else math.inf
         copies = out.topk_ids.numel()
-        pc = self._send_dispatch(self.link.dispatch_due(copies) if self.link else 0,
-                                 x=out.x, topk_ids=out.topk_ids, topk_weights=out.topk_weights,
-                                 dest=self.dest(layer, out.topk_ids), replica=self.replica, layer=layer,
-                                 microbatch=mb, seq=self.seq, deadline=deadline)
+        pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
+                           replica=self.replica, layer=layer, microbatch=mb, seq=self.seq, deadline=deadline,
+                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0)
         self.seq += 1
         self._pending[(mb, layer)] = (pc, time.monotonic(), copies)
         self._arrived.pop((mb, layer), None)
@@ -147,10 +124,9 @@ class AllToAll(_Exchange):
 
     def dispatch(self, mb: int, layer: int, out) -> None:
         copies = out.topk_ids.numel()
-        pc = self._send_dispatch(self.link.dispatch_due(copies) if self.link else 0,
-                                 x=out.x, topk_ids=out.topk_ids, topk_weights=out.topk_weights,
-                                 dest=self.dest(layer, out.topk_ids), replica=self.rank, layer=layer,
-                                 microbatch=mb, seq=self.step, always_to=self.ranks)
+        pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
+                           replica=self.rank, layer=layer, microbatch=mb, seq=self.step, always_to=self.ranks,
+                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0)
         self._pending[(mb, layer)] = pc
         self._to_serve.append((self.step, layer, mb))
         self._copies[(self.step, layer, mb)] = copies
@@ -200,16 +176,6 @@ class AllToAll(_Exchange):
             serve_experts(self.compute, self.transport, items, due)
 
 
-class _Due:
-    """The transport as combine_send sees it under an emulated link: every header gets its due time."""
-
-    def __init__(self, transport, ready_ns: int):
-        self.transport, self.ready_ns = transport, ready_ns
-
-    def send(self, dst, header, tensors):
-        self.transport.send(dst, header.replace(ready_ns=self.ready_ns), tensors)
-
-
 def serve_experts(compute, transport, items, due=None) -> None:
     """The expert side of both engines: one batch of same-layer work items through this shard, each
     partial back to the rank it came from. due(pairs) -> ns: when the answers are due (an emulated link)."""
@@ -218,7 +184,6 @@ def serve_experts(compute, transport, items, due=None) -> None:
     ids = torch.cat([it.topk_ids for it in items])
     partial = compute.experts(layer, torch.cat([it.x for it in items]), ids,
                               torch.cat([it.topk_weights for it in items]))
-    if due is not None:
-        transport = _Due(transport, due(int((ids >= 0).sum())))
+    ready_ns = 0 if due is None else due(int((ids >= 0).sum()))
     for it, part in zip(items, partial.split(sizes)):
-        combine_send(transport, it, part.contiguous())
+        combine_send(transport, it, part.contiguous(), ready_ns)

@@ -28,6 +28,7 @@ class EmulatedLink:
                  dilation: float = 1.0):
         if min(latency_s, dispatch_per_copy_s, combine_per_copy_s) < 0 or dilation <= 0:
             raise ValueError("link times must be >= 0 and the dilation > 0")
+        self.combine_per_copy_s = combine_per_copy_s       # undilated: an expert worker's NIC, in its cost table
         self.latency = latency_s * dilation
         self.dispatch_per_copy = dispatch_per_copy_s * dilation
         self.combine_per_copy = combine_per_copy_s * dilation

@@ -121,7 +121,7 @@ def _compute(spec: WorkerSpec, attention: bool):
             link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
                                  rt.dilation)
             if spec.role == "expert":
-                table.nic_per_copy = link.combine_per_copy / rt.dilation
+                table.nic_per_copy = link.combine_per_copy_s
         return EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
                                device=spec.device), link
     from asap.workers.compute import RealCompute
