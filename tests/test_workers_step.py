@@ -9,7 +9,7 @@ import torch
 
 from asap.comm import ShmTransportSpec
 from asap.model.stages import StageOut
-from asap.workers.exchange import _Stamped
+from asap.comm.loopback import Loopback
 from asap.workers.step import run_step
 
 
@@ -45,12 +45,14 @@ def test_the_attention_time_fed_to_the_depth_policy_includes_the_device_sync():
     assert pipe.num_attn == 2 and pipe.attn_s >= 2 * 0.05  # launch-only timing would read ~0
 
 
-def test_the_stamped_transport_says_its_world_size():
+def test_the_transports_the_exchanges_send_on_say_their_world_size():
+    """dispatch_send reads world_size; without it, it pays a dest.max() host sync. PointToPoint sends on the
+    transport itself, AllToAll on its Loopback."""
     spec = ShmTransportSpec(3, ring_bytes=1 << 16)
     try:
         t = spec.connect(0)
-        s = _Stamped(t, epoch=4)
-        assert "world_size" in vars(s) and s.world_size == 3    # read by dispatch_send, no dest.max() host sync
+        for s in (t, Loopback(t)):
+            assert getattr(s, "world_size", None) == 3
         t.close()
     finally:
         spec.cleanup()
