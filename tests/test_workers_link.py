@@ -119,6 +119,12 @@ def test_an_async_combine_crosses_the_in_link_from_when_the_experts_sent_it():
     from asap.workers.spans import SpanRecorder
 
     class Doubling:
+        def inputs_ready(self, t):
+            pass
+
+        def done_at(self):
+            return time.monotonic()
+
         def experts(self, layer, x, topk_ids, topk_weights):
             return 2 * x
 

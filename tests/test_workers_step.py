@@ -30,6 +30,9 @@ class _QueuedCompute:
         self.syncs += 1
         time.sleep(self.kernel_s)
 
+    def inputs_ready(self, t):
+        pass
+
 
 @pytest.mark.timeout(30)
 def test_the_attention_time_fed_to_the_depth_policy_includes_the_device_sync():

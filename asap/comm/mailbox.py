@@ -67,7 +67,7 @@ class Mailbox:
         self.alive = alive
         self.work: list[WorkItem] = []                                  # arrival order
         self.partials: dict[tuple, dict[int, torch.Tensor]] = {}       # key -> {src rank: partial}
-        self.arrived_at: dict[tuple, float] = {}                       # key -> when its last partial was filed
+        self.arrived_at: dict[tuple, float] = {}   # key -> when its last partial came: due time if held, else filed
         self.last_sent: dict[tuple, float] = {}                        # key -> when its last partial was sent
         self._partial_epoch: dict[tuple, int] = {}                     # key -> its epoch
         self.barriers: dict[int, dict[int, bool]] = {}                  # step -> {src rank: has work}
@@ -175,7 +175,9 @@ class Mailbox:
             if msg.src in got:
                 raise RuntimeError(f"second COMBINE for {h.key} from rank {msg.src}")
             got[msg.src] = msg.tensors[0]
-            self.arrived_at[h.key] = time.monotonic()
+            # A held partial came at its due time, though the host may have filed it later (busy elsewhere).
+            came = h.ready_ns / 1e9 if h.ready_ns else time.monotonic()
+            self.arrived_at[h.key] = max(self.arrived_at.get(h.key, 0.0), came)
             self.last_sent[h.key] = max(self.last_sent.get(h.key, 0.0), h.sent_at)
             self._partial_epoch[h.key] = h.epoch
         elif h.kind == Kind.BARRIER:

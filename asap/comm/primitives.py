@@ -196,13 +196,15 @@ def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> l
     return wait_for(q.mailbox, pick, timeout, nap=nap) or []
 
 
-def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor, ready_ns: int = 0) -> None:
+def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor, ready_ns: int = 0,
+                 sent_at: float | None = None) -> None:
     """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from
-    (due at ready_ns under an emulated link)."""
+    (due at ready_ns under an emulated link). sent_at: when it left this worker's device (default: now;
+    emulated compute says when its op ended, asap.workers.clock)."""
     if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
         raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
-    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0], sent_at=time.monotonic(),
-                                 ready_ns=ready_ns)
+    header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0],
+                                 sent_at=time.monotonic() if sent_at is None else sent_at, ready_ns=ready_ns)
     t.send(item.src, header, [partial])
 
 

@@ -17,7 +17,7 @@ from asap.model import stages
 from asap.model.batch import Batch, KVCache
 from asap.model.loader import load_attention_side, load_expert_shard
 from asap.model.moe import combine, expert_stage
-from asap.workers.link import wait_until
+from asap.workers.clock import DeviceClock, wait_until
 
 
 class RealCompute:
@@ -51,6 +51,12 @@ class RealCompute:
     def logits(self, h, rows: list[int]) -> torch.Tensor:
         return stages.last_logits(self.side, h, rows)
 
+    def inputs_ready(self, t: float | None) -> None:
+        """Emulated compute's hint (asap.workers.clock); real kernels start when they really can."""
+
+    def done_at(self) -> float:
+        return time.monotonic()
+
     def synchronize(self) -> None:
         """Wait for this worker's queued kernels (span edges on a GPU); nothing to wait for on a CPU."""
         if self.device.type == "cuda":
@@ -65,11 +71,20 @@ class EmulatedCompute:
                  dtype=torch.float32, device="cpu"):
         self.cfg, self.cost, self.hidden, self.dilation = cfg, cost, hidden, dilation
         self.dtype, self.device = dtype, torch.device(device)
+        self.clock = DeviceClock()          # ops chain on it as on a GPU stream (asap.workers.clock)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.strides = torch.arange(cfg.top_k, device=self.device)[None, :] * max(1, cfg.num_experts // cfg.top_k)
 
     def _wait(self, seconds: float):
-        wait_until(time.monotonic() + seconds * self.dilation)
+        wait_until(self.clock.run(seconds * self.dilation))
+
+    def inputs_ready(self, t: float | None) -> None:
+        """The next op's inputs were in at t (asap.workers.clock): it starts then or when the device is free."""
+        self.clock.inputs_ready(t)
+
+    def done_at(self) -> float:
+        """When what the last op made left the device."""
+        return self.clock.out()
 
     def new_kv(self):
         return None

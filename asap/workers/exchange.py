@@ -27,7 +27,7 @@ import torch
 
 from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
 from asap.comm.mailbox import ALIVE_CHECK_S
-from asap.workers.link import wait_until
+from asap.workers.clock import wait_until
 
 
 class _Exchange:
@@ -140,7 +140,9 @@ class AllToAll(_Exchange):
         deadline = None if timeout is None else time.monotonic() + timeout
         self.mailbox.pump(0)
         while True:
-            while self._to_serve and self._all_in(self._to_serve[0]):
+            # Real ranks serve whatever is in while they wait; emulated ones serve up to `key` here and decide
+            # on later keys below, by due times (their host may run behind their device clock).
+            while self._to_serve and self._all_in(self._to_serve[0]) and (self.link is None or key in self._to_serve):
                 self._serve(self._to_serve.popleft())
             got = self.mailbox.partials.get(pc.key, {})
             if key not in self._to_serve and pc.rows.keys() <= got.keys():
@@ -155,6 +157,12 @@ class AllToAll(_Exchange):
             t0 = time.monotonic()
             self.mailbox.pump(ALIVE_CHECK_S if wait is None else min(wait, ALIVE_CHECK_S))
             self.spans.add("stall", t0, time.monotonic())
+        if self.link is not None:
+            # As the simulator (asap.sim.sync_engine): while this combine was on its way, the device ran the
+            # later all-to-alls (in order) whose dispatches were all in by the time it came.
+            came = self.mailbox.arrived_at.get(pc.key, time.monotonic())
+            while self._to_serve and self._all_in(self._to_serve[0]) and self._due(self._to_serve[0]) <= came:
+                self._serve(self._to_serve.popleft())
         partial = combine_recv(self.inbox, pc, timeout=0)
         self._received(mb, layer, pc, time.monotonic())
         return partial
@@ -167,6 +175,11 @@ class AllToAll(_Exchange):
     def _all_in(self, key) -> bool:
         return sum((w.header.seq, w.header.layer, w.header.microbatch) == key
                    for w in self.mailbox.work) >= len(self.ranks)
+
+    def _due(self, key) -> float:
+        """When the last dispatch of `key` was due (an emulated link stamps every one)."""
+        return max(w.header.ready_ns for w in self.mailbox.work
+                   if (w.header.seq, w.header.layer, w.header.microbatch) == key) / 1e9
 
     def _serve(self, key) -> None:
         items = dispatch_recv(self.queue, timeout=0, selector=_KeySelector(key))
@@ -182,8 +195,12 @@ def serve_experts(compute, transport, items, due=None) -> None:
     layer = items[0].header.layer
     sizes = [it.x.shape[0] for it in items]
     ids = torch.cat([it.topk_ids for it in items])
+    # Under an emulated link each dispatch was in at its due time, which may be before the host took it.
+    due_in = [it.header.ready_ns for it in items]
+    compute.inputs_ready(max(due_in) / 1e9 if all(due_in) else None)
     partial = compute.experts(layer, torch.cat([it.x for it in items]), ids,
                               torch.cat([it.topk_weights for it in items]))
+    sent_at = compute.done_at()
     ready_ns = 0 if due is None else due(int((ids >= 0).sum()))
     for it, part in zip(items, partial.split(sizes)):
-        combine_send(transport, it, part.contiguous(), ready_ns)
+        combine_send(transport, it, part.contiguous(), ready_ns, sent_at)

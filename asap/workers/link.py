@@ -25,9 +25,12 @@ import time
 
 class EmulatedLink:
     def __init__(self, latency_s: float, dispatch_per_copy_s: float, combine_per_copy_s: float,
-                 dilation: float = 1.0):
+                 dilation: float = 1.0, clock=None):
+        """clock: the worker's DeviceClock (asap.workers.clock): a message goes on the link when the op that
+        made it ends; without one, when it is sent."""
         if min(latency_s, dispatch_per_copy_s, combine_per_copy_s) < 0 or dilation <= 0:
             raise ValueError("link times must be >= 0 and the dilation > 0")
+        self.clock = clock
         self.combine_per_copy_s = combine_per_copy_s       # undilated: an expert worker's NIC, in its cost table
         self.latency = latency_s * dilation
         self.dispatch_per_copy = dispatch_per_copy_s * dilation
@@ -35,8 +38,9 @@ class EmulatedLink:
         self.tx_free = self.rx_free = 0.0           # time.monotonic() from which each direction is free
 
     def send(self, copies: float, per_copy: float) -> int:
-        """Put one message group of `copies` on the outgoing link now: the monotonic ns it is due."""
-        self.tx_free = max(time.monotonic(), self.tx_free) + copies * per_copy
+        """Put one message group of `copies` on the outgoing link: the monotonic ns it is due."""
+        ready = time.monotonic() if self.clock is None else self.clock.out()
+        self.tx_free = max(ready, self.tx_free) + copies * per_copy
         return int((self.tx_free + self.latency) * 1e9)
 
     def dispatch_due(self, copies: float) -> int:
@@ -51,18 +55,14 @@ class EmulatedLink:
         return self.rx_free + self.latency
 
 
-def emulated_link(cost, engine: str, num_expert_ranks: int, total_devices: int, dilation: float) -> EmulatedLink:
+def emulated_link(cost, engine: str, num_expert_ranks: int, total_devices: int, dilation: float,
+                  clock=None) -> EmulatedLink:
     """The link of one emulated worker, from the cost model (asap.cost.model.CostModel) its compute uses.
     sync: num_expert_ranks = total_devices = the ranks (each is a shard, copies to itself are free);
-    async: the expert workers, and all workers."""
+    async: the expert workers, and all workers. clock: its compute's DeviceClock."""
     local = engine == "sync"
     hw = cost.hw
     return EmulatedLink(hw.link.latency_s,
                         cost.seconds_per_copy(num_expert_ranks, local, total_devices, hw.dispatch_bytes),
                         cost.seconds_per_copy(num_expert_ranks, local, total_devices, hw.combine_bytes),
-                        dilation)
-
-
-def wait_until(t: float) -> None:
-    while (left := t - time.monotonic()) > 0:
-        time.sleep(left)
+                        dilation, clock)

@@ -114,16 +114,17 @@ def _compute(spec: WorkerSpec, attention: bool):
         from asap.workers.link import emulated_link
         sync = spec.role == "rank"
         table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async")
+        compute = EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
+                                  device=spec.device)
         if sync:
             ranks = rt.devices // rt.attention_tp
-            link = emulated_link(table.cost, "sync", ranks, ranks, rt.dilation)
+            link = emulated_link(table.cost, "sync", ranks, ranks, rt.dilation, compute.clock)
         else:
             link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
-                                 rt.dilation)
+                                 rt.dilation, compute.clock)
             if spec.role == "expert":
                 table.nic_per_copy = link.combine_per_copy_s
-        return EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
-                               device=spec.device), link
+        return compute, link
     from asap.workers.compute import RealCompute
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device), None
 

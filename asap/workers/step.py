@@ -18,11 +18,17 @@ def run_step(ctx, replica, mbs: list, exchange, attend=None) -> StepPipeline:
     compute = replica.compute
     pipe = StepPipeline(len(mbs), compute.cfg.moe_layers)
     outs, residual = {}, {}
+    # When each micro-batch's next input was in (told to emulated compute, asap.workers.clock; real kernels
+    # wait for real): the step's start, then 0.0 after its own attention (the next op follows it on the
+    # device), then its combine's arrival.
+    ready = [time.monotonic()] * len(mbs)
     while True:
         a = pipe.next()
         if isinstance(a, Attend):
             exchange.poll()          # file combines that came meanwhile: their arrival times feed the depth policy
             mb = mbs[a.mb]
+            compute.inputs_ready(ready[a.mb])
+            ready[a.mb] = 0.0
             with ctx.spans.span("compute"):
                 t0 = time.monotonic()
                 s = attend(replica, mb, a.layer) if attend else replica.attention(mb, a.layer)
@@ -41,7 +47,9 @@ def run_step(ctx, replica, mbs: list, exchange, attend=None) -> StepPipeline:
             pipe.dispatched(a.mb, a.layer, time.monotonic())
         elif isinstance(a, Wait):
             partial = exchange.combine(a.mb, a.layer, ctx.comm_timeout_s)
-            pipe.combined(a.mb, a.layer, exchange.arrival(a.mb, a.layer))
+            arrived = exchange.arrival(a.mb, a.layer)
+            pipe.combined(a.mb, a.layer, arrived)
+            ready[a.mb] = time.monotonic() if arrived is None else arrived
             with ctx.spans.span("compute"):
                 mbs[a.mb].h = compute.combine(residual.pop(a.mb), [partial])
         else:
