@@ -88,6 +88,16 @@ def test_full_ring_send_times_out(ranks):
             ranks[0].send(1, h(), [torch.zeros(2000)])
 
 
+def test_a_full_ring_send_gives_up_soon_once_the_engine_is_gone(ranks):
+    ranks[0].send_timeout = 30.0
+    ranks[0].alive = lambda: False             # a worker's engine process has died; its peer will never read
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeout, match="engine is gone"):
+        for _ in range(100):
+            ranks[0].send(1, h(), [torch.zeros(2000)])
+    assert time.monotonic() - t0 < 5.0         # not the 30 s send timeout
+
+
 def test_blocked_sender_keeps_draining_its_own_inbound_rings(ranks):
     # Rank 0 fills its ring to 1 while rank 1's messages wait on 0's ring; the
     # blocked send must take them off (into a backlog) rather than leave both stuck.

@@ -118,9 +118,9 @@ def test_ctrl_c_during_a_prefill_exits_fast(tmp_path):
         proc.kill()
 
 
-# Async only: under a loaded full-suite run a sync rank once outlived its engine by more than 15 s (cause not
-# found; a send into the full ring of a peer that has already exited waits out send_timeout). Not promised yet.
-@pytest.mark.parametrize("engine,layout", [("async", "attention_workers=2, expert_workers=2")])
+# sync: a rank's send into the full ring of a peer that has already exited must give up too (the transport's
+# alive check); once, before it had one, a sync rank outlived its engine by more than 15 s.
+@pytest.mark.parametrize("engine,layout", [("async", "attention_workers=2, expert_workers=2"), ("sync", "devices=2")])
 def test_workers_exit_soon_after_their_engine_process_is_killed(engine, layout):
     """SIGKILL (or a SIGTERM with Python's default handler) leaves no clean-up to run in the engine's process:
     its workers must notice by themselves, mid-step included (an attention worker waiting for a combine

@@ -151,6 +151,23 @@ def test_limit_length_scale_and_clip():
     assert [r.num_tokens for r in reqs] == [3000, 3000, 300]
 
 
+def test_a_looped_trace_repeats_its_own_arrival_pattern_without_its_block_hashes():
+    once = Workload(trace=MOONCAKE, with_prompts=False).build()
+    m = len(once)
+    assert len(Workload(trace=MOONCAKE, num_requests=m + 5, with_prompts=False).build()) == m   # no loop: capped
+    looped = Workload(trace=MOONCAKE, num_requests=2 * m + 1, with_prompts=False, loop=True).build()
+    assert len(looped) == 2 * m + 1 and [r.id for r in looped] == list(range(2 * m + 1))
+    t = np.array([r.arrival for r in once])
+    period = (t[-1] - t[0]) * m / (m - 1)                  # the span plus one mean gap
+    np.testing.assert_allclose([r.arrival for r in looped[m:2 * m]], t + period)
+    assert looped[2 * m].arrival == pytest.approx(t[0] + 2 * period)
+    assert [r.num_tokens for r in looped[m:2 * m]] == [r.num_tokens for r in once]
+    assert [r.hash_ids for r in looped[:m]] == [r.hash_ids for r in once] and any(r.hash_ids for r in once)
+    assert all(r.hash_ids == () for r in looped[m:])       # a repeat is not the same prompt to a prefix cache
+    gaps = np.diff([r.arrival for r in looped])
+    assert (gaps >= 0).all()
+
+
 def test_slo_sets_deadlines():
     for r in Workload(trace=MOONCAKE, slo_ttft_s=2.0).build():
         assert r.deadline == pytest.approx(r.arrival + 2.0)

@@ -105,6 +105,7 @@ class Header:
         return cls.from_bytes(t.detach().cpu().contiguous().numpy().tobytes())
 
 
-def barrier(rank: int, step: int, has_work: bool, epoch: int = 0) -> Header:
-    """The sync engine's step-barrier flag: typed (Kind.BARRIER), carrying its step (seq)."""
-    return Header(Kind.BARRIER, rank, -1, int(has_work), step, 0, epoch=epoch)
+def barrier(rank: int, step: int, has_work: bool, epoch: int = 0, ready_ns: int = 0) -> Header:
+    """The sync engine's step-barrier flag: typed (Kind.BARRIER), carrying its step (seq); ready_ns: when the
+    sender's emulated device finished its last step (asap.workers.clock; 0 on real devices)."""
+    return Header(Kind.BARRIER, rank, -1, int(has_work), step, 0, epoch=epoch, ready_ns=ready_ns)

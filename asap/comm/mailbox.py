@@ -72,6 +72,8 @@ class Mailbox:
         self._partial_epoch: dict[tuple, int] = {}                     # key -> its epoch
         self.barriers: dict[int, dict[int, bool]] = {}                  # step -> {src rank: has work}
         self.barrier_floor = 0                                           # flags of steps below are stale
+        self._barrier_ready: dict[int, float] = {}                      # step -> latest ready_ns of its flags
+        self.barrier_ready = 0.0     # the last barrier taken: when its slowest rank's device was done (0.0: unsaid)
         self.control: deque[Message] = deque()
         self.epochs: dict[int, int] = {}                                # replica -> newest epoch seen
         self.num_dropped = 0                                             # late messages of old epochs
@@ -136,6 +138,7 @@ class Mailbox:
         if not wait_for(self, lambda: want <= self.barriers.get(step, {}).keys(), timeout):
             return None
         flags = self.barriers.pop(step)
+        self.barrier_ready = self._barrier_ready.pop(step, 0.0)
         self.barrier_floor = step + 1
         return flags
 
@@ -182,6 +185,8 @@ class Mailbox:
             self._partial_epoch[h.key] = h.epoch
         elif h.kind == Kind.BARRIER:
             self._file_barrier(msg.src, h.seq, bool(h.microbatch))
+            if h.ready_ns and h.seq >= self.barrier_floor:
+                self._barrier_ready[h.seq] = max(self._barrier_ready.get(h.seq, 0.0), h.ready_ns / 1e9)
         else:
             self.control.append(msg)
 

@@ -53,6 +53,7 @@ from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Messag
 # usually wakes the sender sooner. Bounded so a lost wake-up (the waiting flag
 # is set and checked without a fence) costs at most this much.
 _SPACE_NAP_S = 0.002
+_ALIVE_CHECK_S = 0.5       # how often a blocked send asks `alive`
 # How long a receiver polls before it sleeps on its semaphore. An idle receiver that times out
 # and asks again burns this much per call (0.6% of a core for the async expert loop's 50 ms waits).
 _SPIN_S = 300e-6
@@ -175,10 +176,15 @@ class ShmTransport(Transport):
         deadline = None
         while (off := ring.reserve(body)) is None:
             now = time.monotonic()
-            deadline = deadline or now + self.send_timeout
+            if deadline is None:
+                deadline, check = now + self.send_timeout, now + _ALIVE_CHECK_S
             if now >= deadline:
                 raise CommTimeout(f"rank {self.rank}: ring to rank {dst} stayed full for {self.send_timeout}s "
                                   f"({ring.used()}/{ring.capacity} bytes used)")
+            if self.alive is not None and now >= check:
+                check = now + _ALIVE_CHECK_S
+                if not self.alive():
+                    raise CommTimeout(f"rank {self.rank}: ring to rank {dst} is full and the engine is gone")
             ring.mark_waiting()
             if (off := ring.reserve(body)) is not None:
                 break
@@ -304,8 +310,9 @@ class ShmTransport(Transport):
         start = time.monotonic()
         while not ready():
             waited = time.monotonic() - start
-            if waited > self.send_timeout:
-                raise CommTimeout(f"rank {self.rank}: rank {src} stopped for {self.send_timeout}s in the "
+            if waited > self.send_timeout or (waited > _ALIVE_CHECK_S and self.alive is not None
+                                              and not self.alive()):
+                raise CommTimeout(f"rank {self.rank}: rank {src} stopped for {waited:.1f}s in the "
                                   "middle of writing a message")
             if waited < 0.001:
                 os.sched_yield()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from typing import Callable
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -222,11 +223,14 @@ class Transport(ABC):
     rank: int
     world_size: int
     send_timeout: float
+    # Whether blocked sends are still wanted (a worker sets its engine's liveness): a send waiting on a full
+    # buffer gives up with CommTimeout once it says no, rather than waiting out send_timeout.
+    alive: Callable[[], bool] | None = None
 
     @abstractmethod
     def send(self, dst: int, header: Header, tensors: list[torch.Tensor]) -> None:
         """Queue a message for dst. Blocks while dst's buffer is full; CommTimeout after
-        send_timeout seconds. The caller must not modify the tensors afterwards."""
+        send_timeout seconds (or once `alive` says no). The caller must not modify the tensors afterwards."""
 
     @abstractmethod
     def poll(self) -> Message | None:

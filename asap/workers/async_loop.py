@@ -34,7 +34,7 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
         exchange.deadlines = [min((replica.scheduler.get(c.request_id).deadline or float("inf"))
                                   for c in mb.batch.chunks) for mb in mbs]
         try:
-            step = run_step(ctx, replica, mbs, exchange)
+            step = run_step(ctx, replica, mbs, exchange, inputs_in=replica.inputs_in(schedule))
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
             depth.end_step(step)

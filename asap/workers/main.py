@@ -149,6 +149,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
         rt = spec.runtime
         compute, link = _compute(spec, attention=spec.role != "expert")
         transport = spec.transport.connect(spec.rank)
+        transport.alive = ctx.engine_alive      # a send blocked on a full ring gives up once the engine is gone
         if rt.remote_experts and spec.role == "expert":
             replicas = set(range(rt.attention_workers))
             ctx.finished = lambda: replicas <= transport.closed_peers

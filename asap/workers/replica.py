@@ -80,6 +80,12 @@ class Replica:
         groups = split_microbatches(schedule, starts, k) if schedule else []
         return schedule, [self._microbatch(g) for g in groups]
 
+    def inputs_in(self, schedule) -> float:
+        """When a step's inputs were in: the latest arrival of its requests (a continuing chunk's KV is in
+        from its last step, and that step's end bounds the device anyway); 0.0 for an empty step. Emulated
+        compute starts the step no earlier (asap.workers.clock), not when this process got round to it."""
+        return max((self.scheduler.get(rid).arrival for rid in schedule), default=0.0)
+
     def empty_microbatch(self) -> MicroBatch:
         """A micro-batch of no tokens (the sync baseline's idle ranks still take part in every all-to-all)."""
         return self._microbatch([])

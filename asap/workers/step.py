@@ -11,17 +11,18 @@ import time
 from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
 
 
-def run_step(ctx, replica, mbs: list, exchange, attend=None) -> StepPipeline:
+def run_step(ctx, replica, mbs: list, exchange, attend=None, inputs_in: float | None = None) -> StepPipeline:
     """Run every micro-batch of `mbs` through every layer; mb.h ends as the last layer's output.
-    attend(replica, mb, layer) -> StageOut defaults to replica.attention. Raises asap.comm.CommTimeout
-    if the experts do not answer within ctx.comm_timeout_s."""
+    attend(replica, mb, layer) -> StageOut defaults to replica.attention. inputs_in: when the step's
+    inputs were in (Replica.inputs_in; default now). Raises asap.comm.CommTimeout if the experts do not
+    answer within ctx.comm_timeout_s."""
     compute = replica.compute
     pipe = StepPipeline(len(mbs), compute.cfg.moe_layers)
     outs, residual = {}, {}
     # When each micro-batch's next input was in (told to emulated compute, asap.workers.clock; real kernels
-    # wait for real): the step's start, then 0.0 after its own attention (the next op follows it on the
+    # wait for real): the step's inputs, then 0.0 after its own attention (the next op follows it on the
     # device), then its combine's arrival.
-    ready = [time.monotonic()] * len(mbs)
+    ready = [time.monotonic() if inputs_in is None else inputs_in] * len(mbs)
     while True:
         a = pipe.next()
         if isinstance(a, Attend):

@@ -36,11 +36,15 @@ def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=N
     ranks = exchange.ranks
     k = 2 if tbo else 1
     step, sent = 0, False
+    # Emulated: every flag says when its rank's device finished the last step, so the step starts on every
+    # rank at once, when the slowest is done (the simulator's lock-step), not when each host gets there.
+    done_ns = (lambda: int(compute.done_at() * 1e9)) if link is not None else (lambda: 0)
     while ctx.running():
         ctx.intake(replica, block=False, wait_s=0.0)
         t0 = time.monotonic()
         try:
-            flags = barrier(mailbox, transport, ranks, step, replica.has_work, ctx.comm_timeout_s, send=not sent)
+            flags = barrier(mailbox, transport, ranks, step, replica.has_work, ctx.comm_timeout_s, send=not sent,
+                            ready_ns=done_ns())
         except CommTimeout as e:     # the same step is tried again: the flags that came stay filed
             sent = False
             replica.fail(list(replica.prompts), f"a rank did not reach the step barrier: {e}")
@@ -52,13 +56,14 @@ def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=N
             replica.flush_routing()
             ctx.flush()
             step += 1
-            sent = idle_wait(ctx, replica, mailbox, transport, ranks, step)
+            sent = idle_wait(ctx, replica, mailbox, transport, ranks, step, done_ns())
             continue
         schedule, mbs = replica.plan(time.monotonic(), k)
         mbs += [replica.empty_microbatch() for _ in range(k - len(mbs))]    # every rank runs all k
         exchange.begin_step(step)
         try:
-            run_step(ctx, replica, mbs, exchange, attend=_attend)
+            run_step(ctx, replica, mbs, exchange, attend=_attend,
+                     inputs_in=max(replica.inputs_in(schedule), mailbox.barrier_ready))
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
         except CommTimeout as e:
@@ -79,10 +84,12 @@ def _attend(replica, mb, layer: int) -> StageOut:
     return StageOut(h=mb.h, x=mb.h, topk_ids=empty.long(), topk_weights=empty)
 
 
-def barrier(mailbox, transport, ranks, step: int, has_work: bool, timeout: float, send: bool = True) -> dict:
-    """Every rank announces whether it has work for `step`; returns {rank: has work}. Waits for all ranks."""
+def barrier(mailbox, transport, ranks, step: int, has_work: bool, timeout: float, send: bool = True,
+            ready_ns: int = 0) -> dict:
+    """Every rank announces whether it has work for `step`; returns {rank: has work}. Waits for all ranks.
+    ready_ns: when this rank's emulated device finished its last step (0: real)."""
     if send:
-        flag = barrier_flag(transport.rank, step, has_work)
+        flag = barrier_flag(transport.rank, step, has_work, ready_ns=ready_ns)
         for r in ranks:
             transport.send(r, flag, [])
     flags = mailbox.take_barrier(step, ranks, timeout)
@@ -92,7 +99,7 @@ def barrier(mailbox, transport, ranks, step: int, has_work: bool, timeout: float
     return flags
 
 
-def idle_wait(ctx, replica, mailbox, transport, ranks, step: int) -> bool:
+def idle_wait(ctx, replica, mailbox, transport, ranks, step: int, ready_ns: int = 0) -> bool:
     """Block until this rank gets a request or a peer starts `step`. Returns whether this rank has
     already sent its flag for `step` (it does so at once when a request wakes it, to wake the peers)."""
     if mailbox.has_barrier(step) or replica.has_work:
@@ -109,7 +116,7 @@ def idle_wait(ctx, replica, mailbox, transport, ranks, step: int) -> bool:
             ctx.intake(replica, block=True, wait_s=0.2)
         if replica.has_work and not listener.got:
             # Wake the peers (their listeners get this flag), whose flags then end our listener's wait.
-            flag = barrier_flag(transport.rank, step, True)
+            flag = barrier_flag(transport.rank, step, True, ready_ns=ready_ns)
             for r in ranks:
                 transport.send(r, flag, [])
             sent = True

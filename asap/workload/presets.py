@@ -5,7 +5,9 @@
 - "fixed-2k", "fixed-4k", "fixed-8k": fixed prompt lengths, Poisson arrivals
 - "lognormal":    log-normal lengths (mean 4K, sigma 1), Poisson arrivals
 - a path to any Mooncake .jsonl or Azure-format .csv: that trace's lengths and arrivals
-Only the arrival *pattern* matters: the rate search rescales arrivals to each rate tried.
+Only the arrival *pattern* matters: the rate search rescales arrivals to each rate tried. A trace shorter
+than the requests asked for is replayed again after its end, its own arrival pattern repeated
+(Workload.loop): a steady state at a high rate can need more requests than a trace holds.
 Prompts longer than one replica can hold are not clipped: chunked prefill serves any length (each
 chunk attends to the KV of the earlier chunks), and the tuner's attention TP shortens long prompts;
 `max_tokens` clips them where a study asks for it.
@@ -50,14 +52,15 @@ def workload_requests(name: "str | Path", num_requests: int, seed: int = 0,
         raise ValueError(f"a workload needs >= 2 requests, got {num_requests}")
     key = str(name)
     if key in TRACES:
-        wl = Workload(trace=trace_path(key), num_requests=num_requests, max_tokens=max_tokens, with_prompts=False)
+        wl = Workload(trace=trace_path(key), num_requests=num_requests, max_tokens=max_tokens, with_prompts=False,
+                      loop=True)
     elif key in SYNTHETIC:
         wl = Workload(arrivals=Poisson(1.0), lengths=SYNTHETIC[key], num_requests=num_requests, seed=seed,
                       max_tokens=max_tokens, with_prompts=False)
     elif Path(key).suffix in (".jsonl", ".csv", ".gz"):
         if not Path(key).is_file():
             raise ValueError(f"workload trace {key} not found")
-        wl = Workload(trace=key, num_requests=num_requests, max_tokens=max_tokens, with_prompts=False)
+        wl = Workload(trace=key, num_requests=num_requests, max_tokens=max_tokens, with_prompts=False, loop=True)
     else:
         raise ValueError(f"unknown workload {key!r}; choose one of {', '.join(NAMES)} or a .jsonl/.csv trace path")
     return wl.build()

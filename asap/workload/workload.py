@@ -7,7 +7,10 @@ synthesised. Without a trace, `num_requests`, `arrivals` and `lengths` are all
 required.
 
 Transformations, in order:
-1. `num_requests` keeps the first N requests (of the trace, in arrival order).
+1. `num_requests` keeps the first N requests (of the trace, in arrival order). With `loop`, a trace
+   shorter than N is replayed again after its end (each pass shifted by the trace's span plus one
+   mean gap, so its own arrival pattern repeats) until there are N; the repeats carry no block hashes
+   (a prefix cache must not count them as the same prompts).
 2. Arrivals: `rate` rescales them so the mean rate is exactly `rate`
    requests/s, defined as (N - 1) / (last - first arrival); or `time_scale`
    multiplies every arrival time (2.0 = half as fast). Rescaling one sample
@@ -58,6 +61,7 @@ class Workload:
     seed: int = 0
     with_prompts: bool = True
     vocab_size: int = 32000
+    loop: bool = False                           # replay a trace shorter than num_requests (see above)
 
     def __post_init__(self):
         if self.trace is None and (self.arrivals is None or self.lengths is None or self.num_requests is None):
@@ -89,13 +93,19 @@ class Workload:
         trace = read_trace(self.trace) if self.trace is not None else None
         n = len(trace) if trace is not None else self.num_requests
         if self.num_requests is not None:
-            n = min(n, self.num_requests)
+            n = self.num_requests if self.loop and trace is not None else min(n, self.num_requests)
         arrival_rng = np.random.default_rng([self.seed, _ARRIVAL_STREAM])
         length_rng = np.random.default_rng([self.seed, _LENGTH_STREAM])
-
-        times = self.arrivals.times(n, arrival_rng) if self.arrivals is not None else trace.arrivals[:n]
+        m = len(trace) if trace is not None else n
+        src = np.arange(n) % m                       # which trace record each request replays
+        if self.arrivals is not None:
+            times = self.arrivals.times(n, arrival_rng)
+        else:
+            t = np.asarray(trace.arrivals, dtype=float)
+            period = (t[-1] - t[0]) * m / (m - 1) if m > 1 else 1.0     # the span plus one mean gap
+            times = t[src] + (np.arange(n) // m) * period
         times = self._scale_times(np.asarray(times, dtype=float))
-        raw = self.lengths.sample(n, length_rng) if self.lengths is not None else trace.input_lengths[:n]
+        raw = self.lengths.sample(n, length_rng) if self.lengths is not None else np.asarray(trace.input_lengths)[src]
         lengths = np.rint(np.asarray(raw) * self.length_scale).astype(np.int64)
         lengths = np.clip(lengths, self.min_tokens, self.max_tokens)
 
@@ -105,11 +115,11 @@ class Workload:
         for i in range(n):
             num_tokens = int(lengths[i])
             arrival = float(times[i])
-            meta = {"output_length": int(trace.output_lengths[i])} if trace is not None else {}
+            meta = {"output_length": int(trace.output_lengths[src[i]])} if trace is not None else {}
             requests.append(Request(id=i, num_tokens=num_tokens, arrival=arrival,
                                     deadline=self._deadline(arrival, num_tokens),
                                     prompt=self._prompt(i, num_tokens), meta=meta,
-                                    hash_ids=hashes[i][:-(-num_tokens // BLOCK_TOKENS)] if hashes else ()))
+                                    hash_ids=hashes[i][:-(-num_tokens // BLOCK_TOKENS)] if hashes and i < m else ()))
         return requests
 
     def _scale_times(self, times: np.ndarray) -> np.ndarray:
