@@ -124,13 +124,14 @@ def _arange(T: int, device: torch.device) -> torch.Tensor:
 def dispatch_send(t: Transport, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   dest: torch.Tensor, *, replica: int, layer: int, microbatch: int, seq: int,
                   deadline: float = math.inf, always_to: Sequence[int] = (), epoch: int = 0,
-                  ready_ns: int = 0) -> PendingCombine:
+                  ready_ns: int = 0, sent_at: float | None = None) -> PendingCombine:
     """Send each rank the tokens that have >= 1 (token, k) pair routed to it; dest[t, k] is that
     pair's rank, -1 for none. Ranks in always_to get a message (maybe 0 rows) regardless.
     epoch: the sending replica's epoch, stamped in every header (asap.comm.mailbox); ready_ns: when the
-    messages are due (an emulated link; 0 = on receipt).
+    messages are due (an emulated link; 0 = on receipt); sent_at: when they left (default now; an
+    emulated device says when its op ended: the oldest-first experts order by it).
     The rows of x are gathered by the transport straight into its buffer (transport.Rows)."""
-    now = time.monotonic()
+    now = time.monotonic() if sent_at is None else sent_at
     xs, ks = x.shape, topk_ids.shape
     if len(xs) != 2 or len(ks) != 2:
         raise ValueError(f"x must be [T, D] and topk_ids [T, K]; got {tuple(xs)}, {tuple(ks)}")
@@ -165,18 +166,34 @@ class WorkQueue:
         return len(self.mailbox.work)
 
 
-def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> list[WorkItem]:
+def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None, clock=None) -> list[WorkItem]:
     """The next work to run, from any replica and layer, as chosen by selector (an object with
     `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first). Several items are
-    returned only when the selector merges same-layer work. [] if nothing is chosen within timeout."""
+    returned only when the selector merges same-layer work. [] if nothing is chosen within timeout.
+    clock: an emulated device's DeviceClock (asap.workers.clock; its dispatches carry due times): the
+    selector chooses at the time the device starts (when it is free, or when the first item was due)
+    among the items due by then, as the simulator's expert pool does; a host running behind its device
+    would otherwise see, and merge, items that came later."""
     selector = selector or _OLDEST_FIRST
     work = q.mailbox.work
+
+    def choose():
+        if clock is None:
+            return list(selector.select([it.info for it in work], time.monotonic()))
+        due = [it.header.ready_ns / 1e9 for it in work]
+        now = max(clock.free, min(due))
+        while True:
+            cand = [i for i, d in enumerate(due) if d <= now]
+            chosen = [cand[j] for j in selector.select([work[i].info for i in cand], now)]
+            until = getattr(selector, "wait_until", None)    # an aggregation window that holds them back
+            if chosen or until is None or not now < until <= time.monotonic():
+                return chosen
+            now = until                                      # the window closed meanwhile, in device time
 
     def pick():
         if not work:
             return None
-        ready = [it.info for it in work]
-        chosen = list(selector.select(ready, time.monotonic()))
+        chosen = choose()
         if not chosen:
             return None
         if len(set(chosen)) != len(chosen) or not all(0 <= i < len(work) for i in chosen):

@@ -46,9 +46,10 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
 
 def expert_loop(ctx, compute, transport, selector):
     queue = WorkQueue(Mailbox(transport))      # its loop checks ctx.running() every 50 ms
+    clock = compute.clock if compute.emulated else None     # emulated: choose in device time
     while ctx.running():
         t0 = time.monotonic()
-        items = dispatch_recv(queue, timeout=0.05, selector=selector)
+        items = dispatch_recv(queue, timeout=0.05, selector=selector, clock=clock)
         ctx.spans.add("idle", t0, time.monotonic())
         if not items:
             ctx.flush()

@@ -75,7 +75,8 @@ class PointToPoint(_Exchange):
         copies = out.topk_ids.numel()
         pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
                            replica=self.replica, layer=layer, microbatch=mb, seq=self.seq, deadline=deadline,
-                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0)
+                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0,
+                           sent_at=self.link.ready_at() if self.link else None)
         self.seq += 1
         self._pending[(mb, layer)] = (pc, time.monotonic(), copies)
         self._arrived.pop((mb, layer), None)

@@ -37,10 +37,13 @@ class EmulatedLink:
         self.combine_per_copy = combine_per_copy_s * dilation
         self.tx_free = self.rx_free = 0.0           # time.monotonic() from which each direction is free
 
+    def ready_at(self) -> float:
+        """When what this worker sends now left its device (its clock's last op end; else now)."""
+        return time.monotonic() if self.clock is None else self.clock.out()
+
     def send(self, copies: float, per_copy: float) -> int:
         """Put one message group of `copies` on the outgoing link: the monotonic ns it is due."""
-        ready = time.monotonic() if self.clock is None else self.clock.out()
-        self.tx_free = max(ready, self.tx_free) + copies * per_copy
+        self.tx_free = max(self.ready_at(), self.tx_free) + copies * per_copy
         return int((self.tx_free + self.latency) * 1e9)
 
     def dispatch_due(self, copies: float) -> int:
