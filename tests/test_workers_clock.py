@@ -1,8 +1,11 @@
 """Emulated ops chain on a device clock (asap.workers.clock), so the host's Python time between ops
 does not add to the emulated times: a lone prompt takes what the simulator says, not that plus ~1 ms of
-Python per layer. Before the clock (d8f2d17), a lone 512-token DeepSeek-V3 prompt at dilation 1 took 1.68x
-the simulated TTFT on sync (its ranks also served later all-to-alls by the wall clock, not by when their
-dispatches were due) and 1.10x on async; with it, 1.015x and 1.006x."""
+Python per layer. Before the clock (d8f2d17), a lone 512-token DeepSeek-V3 prompt took 1.68x the simulated
+TTFT on sync at dilation 1 and 1.16x at dilation 4 (its ranks also served later all-to-alls by the wall
+clock, not by when their dispatches were due), and 1.10x / 1.03x on async; with it, 1.015x and 1.006x at
+dilation 1. The test runs at dilation 4: at dilation 1, with another process on the two cores, the hosts of
+4 sync ranks could not do a step's Python within the step's emulated time (1.29x), and a result is seen
+when its host gets there."""
 import dataclasses
 import time
 
@@ -52,7 +55,7 @@ def roomy(tmp_path_factory):
 @pytest.mark.parametrize("engine,layout", [("sync", dict(devices=4)),
                                            ("async", dict(attention_workers=2, expert_workers=2))])
 def test_a_lone_prompt_takes_the_simulated_time_on_deepseek_v3(roomy, engine, layout):
-    rt = RuntimeConfig(compute="emulated", hardware=roomy, dilation=1.0, microbatches=2, router="round-robin",
+    rt = RuntimeConfig(compute="emulated", hardware=roomy, dilation=4.0, microbatches=2, router="round-robin",
                        **layout)
     cfg = ModelConfig.from_dir(resolve_model("deepseek-v3", config_only=True))
     sim = run([Request(0, 512)], model_cfg=cfg, **sim_kwargs(rt, engine)).results[0].ttft
@@ -63,7 +66,7 @@ def test_a_lone_prompt_takes_the_simulated_time_on_deepseek_v3(roomy, engine, la
             t0 = time.monotonic()
             llm.submit(num_tokens=512).result(timeout=60)
             took.append((time.monotonic() - t0) / rt.dilation)
-    assert 0.98 < min(took) / sim < 1.06, (took, sim)
+    assert 0.98 < min(took) / sim < 1.05, (took, sim)
 
 
 class _Wire:
