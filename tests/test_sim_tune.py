@@ -57,3 +57,16 @@ def test_engine_config_keywords_reach_the_engine():
     c = EngineConfig("sync", attention_tp=4, token_budget=8192)
     res = run([Request(0, 3000)], "sync", devices=8, **RUN, **c.sim_kw())
     assert res.attention_workers == 2 and res.expert_workers == 8       # DP2 x TP4, EP8
+
+
+def test_the_instance_router_spreads_a_light_load_instead_of_piling_it_on_instance_0():
+    """A light load drains every instance's estimated queue between arrivals, so every arrival sees a tie;
+    the ties must go round-robin. (Before, they went to the lowest index: every request of a light load on
+    instance 0 of 12, which made a 12-instance sync baseline fail its SLO at lower rates than at higher.)"""
+    from asap.scheduler.request import Request
+    from asap.sim.run import split_instances
+    light = [Request(i, 1000, arrival=float(i)) for i in range(24)]          # 1 s apart, drained in 1 ms
+    parts = split_instances(light, 12, tokens_per_s=1e6)
+    assert [len(p) for p in parts] == [2] * 12
+    heavy = [Request(i, 1000, arrival=i * 1e-6) for i in range(24)]         # all at once: least work wins
+    assert [len(p) for p in split_instances(heavy, 12, tokens_per_s=1e6)] == [2] * 12

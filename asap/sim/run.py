@@ -194,14 +194,17 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
 
 def split_instances(requests: list[Request], instances: int, tokens_per_s: float) -> list[list[Request]]:
     """A least-outstanding-work router across independent instances: each arrival joins the instance with
-    the fewest unfinished prompt tokens, estimated as a fluid queue draining `tokens_per_s` per instance."""
-    left, last = [0.0] * instances, 0.0
+    the fewest unfinished prompt tokens, estimated as a fluid queue draining `tokens_per_s` per instance;
+    ties (idle instances, all estimated drained) go round-robin, not to the lowest index, which would send
+    every request of a light load to instance 0."""
+    left, last, turn = [0.0] * instances, 0.0, 0
     out: list[list[Request]] = [[] for _ in range(instances)]
     for r in sorted(requests, key=lambda r: r.arrival):
         drained = (r.arrival - last) * tokens_per_s
         last = r.arrival
         left = [max(0.0, x - drained) for x in left]
-        i = min(range(instances), key=lambda j: (left[j], j))
+        i = min(range(instances), key=lambda j: (left[j], (j - turn) % instances))
+        turn = i + 1
         left[i] += r.num_tokens
         out[i].append(r)
     return out
