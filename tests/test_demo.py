@@ -67,3 +67,16 @@ def test_quick_demo_tells_the_three_part_story_and_writes_json(tmp_path, capsys)
     assert doc["emulated"]["engines"]["async"]["runtime"]["attention_workers"] + \
         doc["emulated"]["engines"]["async"]["runtime"]["expert_workers"] == QUICK.devices
     assert (out / "demo.png").stat().st_size > 0
+
+
+def test_a_stale_stored_tuning_gives_no_ratio_only_the_live_runs():
+    from asap.demo.report import _throughput
+    tuned = {"sync": {"max_slo_rate": 96.1}, "async": {"max_slo_rate": 171.0}}
+    fresh = _throughput(tuned, "tuned offline (asap/demo/tuned.json)")
+    assert "async 1.78x" in fresh
+    runs = [{"rate": 96.1, "engines": {"sync": {"slo_attainment": 1.0}, "async": {"slo_attainment": 1.0}}},
+            {"rate": 171.0, "engines": {"sync": {"slo_attainment": 1.0}, "async": {"slo_attainment": 0.92}}}]
+    stale = _throughput(tuned, "tuned offline on older code: STALE (...)", runs)
+    assert "x" not in stale.split("are not a result")[0].split("req/s")[-1]    # no ratio claimed
+    assert "1.78" not in stale and "STALE" in stale
+    assert "at 171 req/s sync 100% and async 92% within SLO" in stale

@@ -21,7 +21,7 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
     chk = simulated["emulated_check"]["engines"]
     gap = max(abs(chk[k]["slo_attainment"] - e[k]["summary"]["slo_attainment"]) for k in chk)
     stall = {k: v["stall_fraction"] for k, v in e.items()}
-    scale = _throughput(simulated["tuned"])
+    scale = _throughput(simulated["tuned"], simulated.get("tuned_source", ""), simulated.get("runs"))
     return [
         f"REAL (measured on this CPU, real weights and compute, {real['model']}): async and sync "
         + ("return exactly the reference engine's first tokens, logits and KV"
@@ -31,7 +31,8 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
         f"waits from the cost model of DeepSeek-V3 on CloudMatrix384-like dies; best emulatable configurations): "
         + compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": ")
         + f"; workers stalled {stall['sync']:.0%} of the time in sync, {stall['async']:.0%} in async; at "
-        f"{emulated['devices']} dies (SIMULATED by the tuner) {_throughput(emulated['tuned'])}",
+        f"{emulated['devices']} dies (SIMULATED by the tuner) "
+        f"{_throughput(emulated['tuned'], emulated.get('tuned_source', ''))}",
         f"SIMULATED (discrete-event simulator, same cost model, not measured): replaying the emulated run it gives "
         f"attainments within {gap:.0%} of the emulation's; on {simulated['devices']} dies, {scale}",
         "Why async wins where it does: sync starts a step only when every rank does, and each MoE layer ends in an "
@@ -46,9 +47,15 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
     ]
 
 
-def _throughput(tuned: dict) -> str:
+def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
     rs, ra = tuned["sync"]["max_slo_rate"], tuned["async"]["max_slo_rate"]
     if not (rs and ra):
         return "no SLO-compliant throughput is stored for this size (see the section above)"
+    if "STALE" in source:       # the code under the stored tuning changed: its ratio is no result
+        live = "; ".join(f"at {r['rate']:g} req/s sync {r['engines']['sync']['slo_attainment']:.0%} and async "
+                         f"{r['engines']['async']['slo_attainment']:.0%} within SLO" for r in runs or [])
+        return (f"the stored tuning is STALE (the simulator changed since; rerun `python -m asap.demo.tuning`), so "
+                f"its throughputs (async {ra:.1f} vs sync {rs:.1f} req/s) are not a result"
+                + (f"; the live runs at those rates: {live}" if live else ""))
     return (f"the SLO-compliant throughput of each engine's best configuration is async {ra:.1f} vs sync "
             f"{rs:.1f} req/s: " + (f"async {ra / rs:.2f}x" if ra >= rs else f"sync ahead, async {ra / rs:.2f}x"))
