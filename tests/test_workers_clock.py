@@ -20,6 +20,7 @@ from asap.scheduler.request import Request
 from asap.sim.from_runtime import sim_kwargs
 from asap.sim.run import run
 from asap.workers.clock import DeviceClock
+from test_workers_link import Wire      # a transport that hands over a fixed list of messages
 
 
 def test_ops_chain_from_when_the_device_is_free_not_from_when_the_host_issues_them():
@@ -69,19 +70,6 @@ def test_a_lone_prompt_takes_the_simulated_time_on_deepseek_v3(roomy, engine, la
     assert 0.98 < min(took) / sim < 1.05, (took, sim)
 
 
-class _Wire:
-    rank, world_size = 0, 2
-
-    def __init__(self, msgs):
-        self.inbox = list(msgs)
-
-    def poll(self):
-        return self.inbox.pop(0) if self.inbox else None
-
-    def recv(self, timeout):
-        return self.poll()
-
-
 def _dispatch(replica: int, ready_ns: int):
     import torch
     from asap.comm.headers import Header, Kind
@@ -97,7 +85,7 @@ def test_an_emulated_expert_chooses_among_what_was_due_when_its_device_got_free(
     from asap.comm import Mailbox, WorkQueue, dispatch_recv
     from asap.scheduler.expert_select import make_selector
     now = time.monotonic_ns()
-    queue = WorkQueue(Mailbox(_Wire([_dispatch(0, now - 60_000_000), _dispatch(1, now - 10_000_000)])))
+    queue = WorkQueue(Mailbox(Wire([_dispatch(0, now - 60_000_000), _dispatch(1, now - 10_000_000)])))
     clock = DeviceClock()
     clock.free = now / 1e9 - 0.020
     items = dispatch_recv(queue, timeout=0, selector=make_selector("oldest", max_batch_tokens=1 << 20),
