@@ -70,3 +70,27 @@ def test_the_instance_router_spreads_a_light_load_instead_of_piling_it_on_instan
     assert [len(p) for p in parts] == [2] * 12
     heavy = [Request(i, 1000, arrival=i * 1e-6) for i in range(24)]         # all at once: least work wins
     assert [len(p) for p in split_instances(heavy, 12, tokens_per_s=1e6)] == [2] * 12
+
+
+def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one(monkeypatch):
+    """TP1 has a certified maximum of ~3 req/s; TP4 still passes where the requests would be a burst. The tuner
+    must not name TP1 (and its 3 req/s) as the best: it reports no best, TP4's lower bound and why."""
+    import types
+
+    import asap.sim.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(101)])   # a burst above 5 req/s
+    served = {1: 3.0, 4: 1e9}                                       # each candidate's true maximum, req/s
+
+    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, *, attention_tp, **kw):
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        return types.SimpleNamespace(results=[rate <= served[attention_tp] * (1 + 1e-9)], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "summarize", lambda res: {"slo_attainment": float(res[0]), "ttft_p90_ms": 1.0})
+    cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
+    t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
+    assert t.best is None and t.max_slo_rate is None
+    assert t.lower_bound == pytest.approx(5.0) and "more requests" in t.reason and "TP4" in t.reason
+    served[4] = 2.0                                                 # now TP1 really is the best
+    t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
+    assert t.best == cands[0] and 2.85 <= t.max_slo_rate <= 3.0 and t.lower_bound is None

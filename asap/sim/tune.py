@@ -120,6 +120,8 @@ class Tuned:
     reason: str | None = None
     num_requests: int | None = None     # requests the best candidate's search simulated
     prefix_hit_rate: float | None = None    # prompt tokens served from the prefix caches at the best rate
+    # no best: a candidate whose search is not valid passed at this rate, at or above the best certified maximum
+    lower_bound: float | None = None
 
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
@@ -199,6 +201,19 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         return Tuned(engine, devices, None, None, None, None, table, sims,
                      reason="no candidate has a valid rate: " + "; ".join(reasons))
     best = max(valid, key=lambda r: r["fine"]["max_slo_rate"])
+    # A search that is not valid still passed at its highest rate: a lower bound on that candidate's maximum.
+    # Where one reaches the best certified maximum, these requests cannot tell which candidate is best, and
+    # naming the certified one would report a weaker configuration (and rate) as the engine's best.
+    unranked = [r for r in rows if not r["coarse"]["valid"]
+                and (r["coarse"]["max_slo_rate"] or 0.0) >= best["fine"]["max_slo_rate"]]
+    if unranked:
+        top = max(unranked, key=lambda r: r["coarse"]["max_slo_rate"])
+        return Tuned(engine, devices, None, None, None, None, table, sims, num_requests=top["n"],
+                     lower_bound=top["coarse"]["max_slo_rate"],
+                     reason=f"{top['config'].describe(devices)} still passes at {top['coarse']['max_slo_rate']:.3g} "
+                            f"req/s, at or above the best certified maximum ({best['fine']['max_slo_rate']:.3g} req/s, "
+                            f"{best['config'].describe(devices)}), and its search is not valid "
+                            f"({top['coarse']['reason']}): more requests are needed to rank them")
     rate, n = best["fine"]["max_slo_rate"], best["n"]
     at_best = measure_for(best["config"], n)(rate)
     p90 = at_best["ttft_p90_ms"]
