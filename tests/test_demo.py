@@ -80,3 +80,18 @@ def test_a_stale_stored_tuning_gives_no_ratio_only_the_live_runs():
     assert "x" not in stale.split("are not a result")[0].split("req/s")[-1]    # no ratio claimed
     assert "1.78" not in stale and "STALE" in stale
     assert "at 171 req/s sync 100% and async 92% within SLO" in stale
+
+
+def test_a_retune_with_no_best_leaves_the_stored_entry_and_exits_2(monkeypatch, tmp_path, capsys):
+    import asap.demo.tuning as tuning
+    table = tmp_path / "tuned.json"
+    table.write_text('{"kept": 1}\n')
+    monkeypatch.setattr(tuning, "TUNED", table)
+
+    def no_best(*a, **k):
+        raise RuntimeError("the tuner found no valid sync configuration on 18 devices: more requests are needed")
+    monkeypatch.setattr(tuning, "tune_now", no_best)
+    assert tuning.main(["--devices", "18"]) == 2
+    assert table.read_text() == '{"kept": 1}\n'
+    err = capsys.readouterr().err
+    assert "more requests are needed" in err and "left as it was" in err and "Traceback" not in err
