@@ -95,3 +95,37 @@ def test_a_retune_with_no_best_leaves_the_stored_entry_and_exits_2(monkeypatch, 
     assert table.read_text() == '{"kept": 1}\n'
     err = capsys.readouterr().err
     assert "more requests are needed" in err and "left as it was" in err and "Traceback" not in err
+
+
+def test_a_lower_bound_gives_a_one_sided_ratio_and_only_where_it_leads():
+    from asap.demo.report import _throughput
+    from asap.demo.tuning import rate_text
+    bound = {"max_slo_rate": None, "lower_bound": 188.7, "num_requests": 3600}
+    line = _throughput({"sync": bound, "async": {"max_slo_rate": 171.0}})
+    assert "sync >= 188.7" in line and "async <= 0.91x" in line and "sync ahead" in line
+    line = _throughput({"sync": {"max_slo_rate": 200.0}, "async": bound})
+    assert "cannot rank" in line and "x" not in line.split("cannot rank")[1]
+    line = _throughput({"sync": {"max_slo_rate": 94.35}, "async": bound})
+    assert "async >= 188.7" in line and "async >= 2.00x" in line
+    assert rate_text(bound).startswith(">= 188.7 req/s (a lower bound") and "3600 requests" in rate_text(bound)
+    assert rate_text({"max_slo_rate": 35.69}, 2) == "35.69 req/s"
+
+
+def test_a_retune_whose_best_outruns_the_sample_stores_the_candidate_as_a_lower_bound(monkeypatch):
+    import asap.demo.tuning as tuning
+    import asap.sim.tune as tune_mod
+    from asap.demo.settings import FULL
+    from asap.sim.tune import EngineConfig, Tuned
+
+    def fake(requests, engine, devices, *a, candidates=None, **k):
+        if engine == "sync":
+            return Tuned(engine, devices, None, None, None, None, num_sims=3, num_requests=len(requests),
+                         lower_bound=9.5, lower_bound_config=candidates[-1], reason="more requests are needed")
+        return Tuned(engine, devices, candidates[0], 4.0, 1.0, 10.0, num_sims=2, num_requests=len(requests))
+    monkeypatch.setattr(tune_mod, "tune", fake)
+    entry = tuning.tune_now(FULL, FULL.devices, emulatable_only=True)
+    sync, asyn = entry["sync"], entry["async"]
+    assert sync["max_slo_rate"] is None and sync["lower_bound"] == 9.5 and "more requests" in sync["reason"]
+    assert EngineConfig(**sync["config"]).engine == "sync" and sync["describe"].startswith("sync ")
+    assert asyn["max_slo_rate"] == 4.0 and "lower_bound" not in asyn
+    assert tuning.rate_of(sync) == 9.5 and tuning.rate_of(asyn) == 4.0

@@ -21,7 +21,7 @@ from asap.measure.metrics import summarize
 from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
 from asap.demo.settings import DemoSettings, demo_requests
-from asap.demo.tuning import tuned_configs
+from asap.demo.tuning import rate_text, tuned_configs
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
@@ -87,8 +87,7 @@ def format_emulated(e: dict) -> list[str]:
              f"best-tuned configurations (SIMULATED search by asap.sim.tune over the emulatable candidates, "
              f"{e['tuned_source']}):"]
     for engine, t in e["tuned"].items():
-        rate = "-" if t["max_slo_rate"] is None else f"{t['max_slo_rate']:.2f}"
-        lines.append(f"  {engine:<5} {t['describe']}  (SIMULATED SLO-compliant rate {rate} req/s, "
+        lines.append(f"  {engine:<5} {t['describe']}  (SIMULATED SLO-compliant rate {rate_text(t, 2)}, "
                      f"best of {t['candidates']})")
     head = f"{'':<18}{'SLO attainment':>15}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'max':>9}{'req/s':>8}{'stall':>8}"
     lines.append(head)

@@ -1,6 +1,8 @@
 """The closing summary: what was measured and how, and the verdict the numbers give (whatever it is)."""
 from __future__ import annotations
 
+from asap.demo.tuning import rate_of
+
 TIE = 0.05      # attainment differences below this are called a tie
 
 
@@ -48,7 +50,7 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
 
 
 def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
-    rs, ra = tuned["sync"]["max_slo_rate"], tuned["async"]["max_slo_rate"]
+    rs, ra = rate_of(tuned["sync"]), rate_of(tuned["async"])
     if not (rs and ra):
         return "no SLO-compliant throughput is stored for this size (see the section above)"
     if "STALE" in source:       # the code under the stored tuning changed: its ratio is no result
@@ -57,5 +59,19 @@ def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
         return (f"the stored tuning is STALE (the simulator changed since; rerun `python -m asap.demo.tuning`), so "
                 f"its throughputs (async {ra:.1f} vs sync {rs:.1f} req/s) are not a result"
                 + (f"; the live runs at those rates: {live}" if live else ""))
+    bs, ba = tuned["sync"]["max_slo_rate"] is None, tuned["async"]["max_slo_rate"] is None
+    if bs and ba:
+        return (f"both engines still pass at the highest rate the tuning sample can certify (async >= {ra:.1f}, "
+                f"sync >= {rs:.1f} req/s), so it cannot rank them")
+    if bs or ba:    # one maximum is only a lower bound, so the ratio is a bound, and only if that one leads
+        bounded, other = ("sync", "async") if bs else ("async", "sync")
+        rb, ro = rate_of(tuned[bounded]), rate_of(tuned[other])
+        if rb < ro:
+            return (f"{bounded}'s best still passes at the highest rate the tuning sample can certify "
+                    f"({rb:.1f} req/s, a lower bound), below {other}'s {ro:.1f}: the sample cannot rank them")
+        return (f"the SLO-compliant throughput of each engine's best configuration is async {'>= ' if ba else ''}"
+                f"{ra:.1f} vs sync {'>= ' if bs else ''}{rs:.1f} req/s ({bounded}'s is a lower bound: it still "
+                f"passes at the highest rate the tuning sample can certify): "
+                + (f"sync ahead, async <= {ra / rs:.2f}x" if bs else f"async >= {ra / rs:.2f}x"))
     return (f"the SLO-compliant throughput of each engine's best configuration is async {ra:.1f} vs sync "
             f"{rs:.1f} req/s: " + (f"async {ra / rs:.2f}x" if ra >= rs else f"sync ahead, async {ra / rs:.2f}x"))

@@ -14,7 +14,7 @@ import time
 
 from asap.measure.metrics import summarize
 from asap.demo.settings import DemoSettings, demo_requests
-from asap.demo.tuning import tuned_configs
+from asap.demo.tuning import rate_of, rate_text, tuned_configs
 from asap.sim.run import run
 
 
@@ -30,8 +30,7 @@ def run_simulated(s: DemoSettings, emulated: dict, log, retune: bool = False) ->
     same = demo_requests(s, s.devices, s.num_requests, s.rate)
     check = {e: simulate(same, EngineConfig(**t["config"]), s, s.devices) for e, t in emulated["tuned"].items()}
     tuned = tuned_configs(s, s.sim_devices, emulatable_only=False, retune=retune)
-    rates = sorted({round(t["max_slo_rate"], 3) for t in tuned["tuning"].values() if t["max_slo_rate"]}) \
-        or [s.sim_rate]
+    rates = sorted({round(rate_of(t), 3) for t in tuned["tuning"].values() if rate_of(t)}) or [s.sim_rate]
     at_scale = {}
     for rate in rates:
         log(f"SIMULATED: {s.sim_requests} requests at {rate:g} req/s on {s.sim_devices} dies")
@@ -52,8 +51,7 @@ def format_simulated(sim: dict, emulated: dict) -> list[str]:
                      f"TTFT p90 {m['ttft_p90_ms'] / 1000:.2f} s (EMULATED {em['ttft_p90_ms'] / 1000:.2f} s)")
     lines.append(f"{sim['devices']} dies, each engine best-tuned over the full space ({sim['tuned_source']}):")
     for engine, t in sim["tuned"].items():
-        rate = "-" if t["max_slo_rate"] is None else f"{t['max_slo_rate']:.1f}"
-        lines.append(f"  {engine:<5} {t['describe']}: SLO-compliant throughput {rate} req/s")
+        lines.append(f"  {engine:<5} {t['describe']}: SLO-compliant throughput {rate_text(t)}")
     for run in sim["runs"]:
         lines.append(f"  at {run['rate']:g} req/s ({sim['num_requests']} requests): " + "; ".join(
             f"{e} attainment {m['slo_attainment']:.2f}, TTFT p50 {m['ttft_p50_ms'] / 1000:.2f} s p90 "

@@ -11,7 +11,9 @@ depends on (model, hardware, devices, the workload and SLO settings, whether onl
 configurations were allowed), so a changed setting is never served another's entry (without an entry
 the demo falls back to the analytic split, and says so). Each entry also records a fingerprint of the
 code the result depends on (asap/cost, asap/sim, asap/scheduler, asap/measure); when that code has changed since,
-the demo says the tuning is stale, and the live simulations it prints show by how much.
+the demo says the tuning is stale, and the live simulations it prints show by how much. Where an
+engine's best candidate still passes at the highest rate the sample can certify (asap.sim.tune's no-best
+case), its entry holds that candidate and the rate as a lower bound, and the demo says so.
 """
 from __future__ import annotations
 
@@ -75,14 +77,31 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
         cands = [c for c in space(engine, devices, s.model, s.hardware, prompt_len)
                  if emulatable(c) or not emulatable_only]
         t = tune(requests, engine, devices, s.model, s.hardware, candidates=cands)
-        if t.best is None:
+        best = t.best or t.lower_bound_config
+        if best is None:
             raise RuntimeError(f"the tuner found no valid {engine} configuration on {devices} devices: {t.reason}")
-        out[engine] = {"config": dataclasses.asdict(t.best), "describe": t.best.describe(devices),
+        out[engine] = {"config": dataclasses.asdict(best), "describe": best.describe(devices),
                        "max_slo_rate": t.max_slo_rate, "candidates": len(cands), "num_sims": t.num_sims,
                        "num_requests": t.num_requests}
+        if t.best is None:      # it outran the sample: its maximum is at least this, the best of the rest is below
+            out[engine].update(lower_bound=t.lower_bound, reason=t.reason)
     out["tune_s"] = time.monotonic() - t0
     out["fingerprint"] = code
     return out
+
+
+def rate_of(t: dict) -> float | None:
+    """The req/s a stored engine entry is run and compared at: its certified maximum, or its lower bound."""
+    return t["max_slo_rate"] or t.get("lower_bound")
+
+
+def rate_text(t: dict, digits: int = 1) -> str:
+    if t["max_slo_rate"] is not None:
+        return f"{t['max_slo_rate']:.{digits}f} req/s"
+    if t.get("lower_bound") is not None:
+        return (f">= {t['lower_bound']:.{digits}f} req/s (a lower bound: still within SLO at the highest rate "
+                f"{t['num_requests']} requests can certify)")
+    return "- req/s"
 
 
 def untuned(s: DemoSettings, devices: int) -> dict:
@@ -141,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             failed += 1
             continue
-        rate = {e: "refused" if entry[e]["max_slo_rate"] is None else f"{entry[e]['max_slo_rate']:.3g} req/s"
-                for e in ("sync", "async")}
+        rate = {e: rate_text(entry[e], 2) for e in ("sync", "async")}
         print(f"  sync  {entry['sync']['describe']}: {rate['sync']}\n"
               f"  async {entry['async']['describe']}: {rate['async']} ({entry['tune_s']:.0f} s)",
               file=sys.stderr, flush=True)

@@ -122,6 +122,7 @@ class Tuned:
     prefix_hit_rate: float | None = None    # prompt tokens served from the prefix caches at the best rate
     # no best: a candidate whose search is not valid passed at this rate, at or above the best certified maximum
     lower_bound: float | None = None
+    lower_bound_config: EngineConfig | None = None  # the candidate that passed there
 
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
@@ -209,7 +210,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     if unranked:
         top = max(unranked, key=lambda r: r["coarse"]["max_slo_rate"])
         return Tuned(engine, devices, None, None, None, None, table, sims, num_requests=top["n"],
-                     lower_bound=top["coarse"]["max_slo_rate"],
+                     lower_bound=top["coarse"]["max_slo_rate"], lower_bound_config=top["config"],
                      reason=f"{top['config'].describe(devices)} still passes at {top['coarse']['max_slo_rate']:.3g} "
                             f"req/s, at or above the best certified maximum ({best['fine']['max_slo_rate']:.3g} req/s, "
                             f"{best['config'].describe(devices)}), and its search is not valid "
