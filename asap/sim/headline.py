@@ -126,7 +126,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                                "tokens_per_s_per_device": t.tokens_per_s_per_device,
                                "num_requests": t.num_requests, "num_sims": t.num_sims, "reason": t.reason,
                                "candidates": t.candidates, "prefix_hit_rate": t.prefix_hit_rate,
-                               "lower_bound": t.lower_bound}
+                               "lower_bound": t.lower_bound,
+                               "lower_bound_describe": t.lower_bound_config.describe(devices)
+                               if t.lower_bound_config else None}
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
