@@ -52,12 +52,14 @@ QUICK = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 130, 700), 
                      devices=18, num_requests=10, rate=6.0, dilation=3.0, sim_devices=384, sim_requests=120)
 
 
-def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float, trace=None) -> list[Request]:
+def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float, trace=None,
+                  loop: bool = False) -> list[Request]:
     """The demo's requests at `rate` on a `devices`-device system, with their SLO deadlines (no prompts:
-    emulated compute and the simulator need lengths only)."""
+    emulated compute and the simulator need lengths only). `loop`: more requests than the sample holds
+    reuse its prompt lengths (asap.workload.Workload.loop)."""
     from asap.sim.experiments import with_slo
     w = Workload(trace=trace or default_trace_path(), arrivals=Poisson(1.0), rate=rate, num_requests=num_requests,
                  length_scale=s.length_scale, max_tokens=s.max_tokens, min_tokens=16, seed=s.seed,
-                 with_prompts=False)
+                 with_prompts=False, loop=loop)
     return with_slo(w.build(), s.slo_scale, s.slo_floor_tokens, model=s.model, hardware=s.hardware,
                     devices=devices)
