@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         t = tune(requests, engine, args.devices, FULL.model, FULL.hardware, candidates=[cfg], refine=1)
         rate = (f"{t.max_slo_rate:.2f} req/s (P90 TTFT {t.ttft_p90_s:.2f} s)" if t.best else
                 f">= {t.lower_bound:.2f} req/s (still a lower bound)" if t.lower_bound else f"none ({t.reason})")
-        print(f"[SIMULATED] {cfg.describe(args.devices)} on {t.num_requests} requests: {rate} "
+        print(f"[SIMULATED] {cfg.describe(args.devices)} on up to {len(requests)} requests: {rate} "
               f"({time.monotonic() - t0:.0f} s, {t.num_sims} simulations)", flush=True)
         out["engines"][engine] = {"describe": cfg.describe(args.devices), "max_slo_rate": t.max_slo_rate,
                                   "lower_bound": t.lower_bound, "num_requests": t.num_requests,
