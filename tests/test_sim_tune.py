@@ -91,6 +91,10 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
     t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
     assert t.best is None and t.max_slo_rate is None
     assert t.lower_bound == pytest.approx(5.0) and "more requests" in t.reason and "TP4" in t.reason
+    assert t.lower_bound_config == cands[1]
+    t = tune(reqs, "sync", 8, candidates=cands[1:], start_rate=1.0, **SMALL)     # nothing certified at all
+    assert t.best is None and "no candidate has a valid rate" in t.reason
+    assert t.lower_bound == pytest.approx(5.0) and t.lower_bound_config == cands[1]
     served[4] = 2.0                                                 # now TP1 really is the best
     t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
     assert t.best == cands[0] and 2.85 <= t.max_slo_rate <= 3.0 and t.lower_bound is None

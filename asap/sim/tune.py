@@ -199,7 +199,12 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                   + (f" ({t['coarse_reason']})" if t["coarse_reason"] else ""), flush=True)
     if not valid:
         reasons = sorted({r["coarse"]["reason"] for r in rows if r["coarse"]["reason"]})
+        passed = [r for r in rows if r["coarse"]["max_slo_rate"]]     # a rate it passed at: a lower bound
+        top = max(passed, key=lambda r: r["coarse"]["max_slo_rate"]) if passed else None
         return Tuned(engine, devices, None, None, None, None, table, sims,
+                     num_requests=top["n"] if top else None,
+                     lower_bound=top["coarse"]["max_slo_rate"] if top else None,
+                     lower_bound_config=top["config"] if top else None,
                      reason="no candidate has a valid rate: " + "; ".join(reasons))
     best = max(valid, key=lambda r: r["fine"]["max_slo_rate"])
     # A search that is not valid still passed at its highest rate: a lower bound on that candidate's maximum.
