@@ -73,3 +73,43 @@ def test_make_selector_names_window_and_unknown_name():
     assert isinstance(windowed, AggregationWindow) and isinstance(windowed.inner, OldestFirst)
     with pytest.raises(ValueError, match="oldest.*largest.*deadline"):
         make_selector("newest")
+
+
+@pytest.mark.parametrize("name", ["oldest", "largest", "deadline"])
+@pytest.mark.parametrize("window_s", [0.0, 0.3])
+def test_ready_queue_makes_exactly_the_list_selectors_choices(name, window_s):
+    """The simulator's O(log n) queue against select() over a list, on a random stream of arrivals and
+    takes with many ties (equal times, sizes, deadlines): the same batches in the same order, the same waits."""
+    import random
+    from asap.scheduler.expert_select import ListQueue, ReadyQueue, ready_queue
+
+    rng = random.Random(f"{name}-{window_s}")
+    for trial in range(30):
+        selector = make_selector(name, window_s=window_s, max_batch_tokens=rng.choice([1, 300, 1000, 4096]))
+        fast, slow = ready_queue(selector), ListQueue(selector)
+        assert isinstance(fast, ReadyQueue)
+        now, seq = 0.0, 0
+        for _ in range(400):
+            now += rng.choice([0.0, 0.0, 0.05, 0.1, 0.5])
+            if rng.random() < 0.6:
+                item = w(seq, layer=rng.randrange(4), num_tokens=rng.choice([1, 100, 250, 400, 700, 1200]),
+                         sent_at=now - rng.choice([0.0, 0.1, 0.2]), deadline=rng.choice([INF, 1.0, 2.0, now]))
+                seq += 1
+                fast.push(item)
+                slow.push(item)
+            else:
+                got, want = fast.take(now), slow.take(now)
+                assert [x.key for x in got] == [x.key for x in want]
+                assert fast.wait_until == slow.wait_until
+            assert len(fast) == len(slow)
+
+
+def test_ready_queue_is_used_only_for_the_selectors_it_copies():
+    from asap.scheduler.expert_select import ListQueue, ReadyQueue, ready_queue
+
+    class Custom(OldestFirst):      # a subclass may change select(): the queue must call it
+        pass
+    assert isinstance(ready_queue(OldestFirst()), ReadyQueue)
+    assert isinstance(ready_queue(make_selector("deadline", window_s=0.1)), ReadyQueue)
+    assert isinstance(ready_queue(Custom()), ListQueue)
+    assert isinstance(ready_queue(AggregationWindow(Custom(), 0.1)), ListQueue)

@@ -135,7 +135,8 @@ def test_a_selector_mixing_layers_is_rejected():
         def select(self, ready, now):
             return list(range(len(ready)))
     engine = build_engine("async", devices=8, attention_workers=4, selector=Bad(), **SMALL)
-    engine.ready = [WorkInfo("a", 0, 1, 100, 0.0), WorkInfo("b", 1, 2, 100, 0.0)]
+    for work in (WorkInfo("a", 0, 1, 100, 0.0), WorkInfo("b", 1, 2, 100, 0.0)):
+        engine.ready.push(work)
     with pytest.raises(ValueError, match="mixed layers"):
         engine.pool_start(0.0)
 

@@ -26,17 +26,15 @@ replicas is the async engine's way to amortise expert weight loads.
 from __future__ import annotations
 
 from asap.pipeline.depth import StepDepth
-from asap.pipeline.step import Attend, Dispatch, StepPipeline, Wait
-from asap.scheduler.expert_select import WorkInfo
-from asap.scheduler.microbatch import split_microbatches
+from asap.pipeline.plan import plan_step
+from asap.pipeline.step import StepPipeline, drive
+from asap.scheduler.expert_select import WorkInfo, ready_queue
 from asap.scheduler.prefix_cache import PrefixCache, PrefixCachedScheduler, cache_stats
 from asap.sim.cost import CostModel
-from asap.sim.engine import EngineBase, chunk_work
+from asap.sim.engine import EngineBase
 from asap.sim.events import AttentionDone, ExpertDone, Kick, PoolWake
 from asap.sim.exchange import SimExchange
 from asap.sim.experts import ExpertShares
-
-_INF = float("inf")
 
 
 class MicroBatch:
@@ -49,11 +47,36 @@ class MicroBatch:
 
 
 class Replica:
-    __slots__ = ("index", "plan", "mbs", "pipe", "busy", "kicked", "depth", "exchange")
+    """One attention replica, and the driver of its steps (asap.pipeline.step.StepDriver): an attention
+    is an AttentionDone event, a combine a CombineArrive; both resume `AsyncEngine.drive`."""
+    __slots__ = ("index", "plan", "mbs", "pipe", "busy", "kicked", "depth", "exchange", "engine", "now", "out")
 
-    def __init__(self, index: int, depth: StepDepth, exchange: SimExchange):
-        self.index, self.depth, self.exchange = index, depth, exchange
+    def __init__(self, index: int, depth: StepDepth, exchange: SimExchange, engine: "AsyncEngine"):
+        self.index, self.depth, self.exchange, self.engine = index, depth, exchange, engine
         self.plan, self.mbs, self.pipe, self.busy, self.kicked = None, None, None, False, False
+        self.now, self.out = 0.0, []          # the event being handled, and the events it causes
+
+    def attend(self, mb: int, layer: int) -> None:
+        b, eng, now = self.mbs[mb], self.engine, self.now
+        b.layer = layer
+        duration = b.t_moe if eng.moe[layer] else b.t_dense
+        self.busy = True
+        if eng.trace_window is not None and self.index < eng.trace_replicas:
+            eng.span("attention", self.index, f"attn L{layer} mb{mb}", now, now + duration, tokens=b.num_tokens)
+        self.out.append(AttentionDone(now + duration, b))
+        return None                         # on_attention_done reports it
+
+    def dispatch(self, mb: int, layer: int) -> float:
+        b = self.mbs[mb]
+        self.exchange.dispatch(mb, layer, b, b.deadline, self.now)
+        self.out += self.exchange.take_events()
+        return self.now
+
+    def wait(self, mb: int, layer: int) -> float | None:
+        arrived = self.exchange.arrival(mb, layer)
+        if arrived is not None:             # else the CombineArrive event resumes this replica
+            self.exchange.combine(mb, layer, None)
+        return arrived
 
 
 class AsyncEngine(EngineBase):
@@ -74,11 +97,11 @@ class AsyncEngine(EngineBase):
         disp_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.dispatch_bytes) * self.model.top_k
         self.nic_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.combine_bytes)
         self.replicas = [Replica(i, StepDepth(microbatches, adaptive),
-                                 SimExchange(hw.link.latency_s, disp_copy, self.nic_copy * self.model.top_k))
+                                 SimExchange(i, hw.link.latency_s, disp_copy, self.nic_copy * self.model.top_k), self)
                          for i in range(num_attention)]
         self.moe = self.model.moe_layers
         self.num_layers = self.model.num_layers
-        self.ready: list[WorkInfo] = []
+        self.ready = ready_queue(selector)      # the selector's choices, O(log n) for the built-in rules
         self.pool_busy = False
         self.wake_at: float | None = None
         self.trace_replicas = trace_replicas
@@ -101,24 +124,20 @@ class AsyncEngine(EngineBase):
         return [] if rep.mbs is not None else self.start_step(rep, now)
 
     def start_step(self, rep: Replica, now: float) -> list:
-        sched = self.schedulers[rep.index]
-        plan = sched.schedule(now)
-        if not plan:
+        step = plan_step(self.schedulers[rep.index], now, rep.depth.k)
+        if not step:
             rep.mbs = None
             self.busy_until[rep.index] = 0.0
             self.touch(rep.index)
             return []
-        starts = {rid: sched.get(rid).num_computed for rid in plan}
-        deadlines = {rid: sched.get(rid).deadline for rid in plan}
         cost, mbs, predicted = self.cost, [], 0.0
         n_moe = sum(self.moe)
-        for j, chunks in enumerate(split_microbatches(plan, starts, rep.depth.k)):
-            T, P, K = chunk_work(chunks)
+        for p in step.microbatches:
+            T, P, K = p.num_tokens, p.pairs, p.context
             t_moe, t_dense = cost.attention_seconds(True, T, P, K), cost.attention_seconds(False, T, P, K)
-            dl = min((deadlines[c.request_id] for c in chunks if deadlines[c.request_id] is not None), default=_INF)
-            mbs.append(MicroBatch(rep.index, j, chunks, T, t_moe, t_dense, dl))
+            mbs.append(MicroBatch(rep.index, p.index, p.chunks, T, t_moe, t_dense, p.deadline))
             predicted += n_moe * t_moe + (self.num_layers - n_moe) * t_dense
-        rep.plan, rep.mbs = plan, mbs
+        rep.plan, rep.mbs = step.schedule, mbs
         rep.pipe = StepPipeline(len(mbs), self.moe)
         self.num_steps += 1
         self.busy_until[rep.index] = now + predicted
@@ -126,34 +145,14 @@ class AsyncEngine(EngineBase):
         return self.drive(rep, now)
 
     def drive(self, rep: Replica, now: float) -> list:
-        """Do what the step pipeline says until the replica is busy or must wait for an event."""
-        out: list = []
-        pipe = rep.pipe
-        while not rep.busy and pipe is not None:
-            a = pipe.next()
-            if isinstance(a, Attend):
-                mb = rep.mbs[a.mb]
-                mb.layer = a.layer
-                duration = mb.t_moe if self.moe[a.layer] else mb.t_dense
-                rep.busy = True
-                if self.trace_window is not None and rep.index < self.trace_replicas:
-                    self.span("attention", rep.index, f"attn L{a.layer} mb{a.mb}", now, now + duration,
-                              tokens=mb.num_tokens)
-                out.append(AttentionDone(now + duration, mb))
-            elif isinstance(a, Dispatch):
-                rep.exchange.dispatch(a.mb, a.layer, (rep.mbs[a.mb], now))
-                pipe.dispatched(a.mb, a.layer, now)
-                out += rep.exchange.take_events()
-            elif isinstance(a, Wait):
-                arrived = rep.exchange.arrival(a.mb, a.layer)
-                if arrived is None:
-                    break                   # the CombineArrive event resumes this replica
-                rep.exchange.combine(a.mb, a.layer, None)
-                pipe.combined(a.mb, a.layer, arrived)
-            else:
-                pipe.finish()
-                out += self._end_step(rep, now)
-                break
+        """Do what the step pipeline says (asap.pipeline.step.drive, rep being the driver) until the replica
+        is busy or must wait for an event."""
+        if rep.busy or rep.pipe is None:
+            return []
+        rep.now, rep.out = now, []
+        out = rep.out
+        if drive(rep.pipe, rep):
+            out += self._end_step(rep, now)
         return out
 
     def on_attention_done(self, mb: MicroBatch, now: float) -> list:
@@ -177,7 +176,7 @@ class AsyncEngine(EngineBase):
 
     # ---- expert workers ----
     def on_dispatch_arrive(self, work: WorkInfo, now: float) -> list:
-        self.ready.append(work)
+        self.ready.push(work)
         return [] if self.pool_busy else self.pool_start(now)
 
     def on_pool_wake(self, now: float) -> list:
@@ -185,23 +184,14 @@ class AsyncEngine(EngineBase):
         return [] if self.pool_busy or not self.ready else self.pool_start(now)
 
     def pool_start(self, now: float) -> list:
-        ready = self.ready
-        picked_idx = self.selector.select(ready, now)
-        if not picked_idx:
-            wait = getattr(self.selector, "wait_until", None)
+        picked = self.ready.take(now)
+        if not picked:
+            wait = self.ready.wait_until
             if wait is not None and wait > now and (self.wake_at is None or wait < self.wake_at):
                 self.wake_at = wait
                 return [PoolWake(wait)]
             return []
-        if len(picked_idx) == 1:
-            picked = [ready.pop(picked_idx[0])]
-        else:
-            chosen = set(picked_idx)
-            picked = [ready[i] for i in picked_idx]
-            self.ready = [w for i, w in enumerate(ready) if i not in chosen]
         layer = picked[0].layer
-        if any(w.layer != layer for w in picked):
-            raise ValueError(f"selector {type(self.selector).__name__} mixed layers in one batch")
         tokens = sum(w.num_tokens for w in picked)
         duration = self.cost.expert_seconds(self.cost.moe_index[layer], tokens, self.shares, self.nic_copy)
         self.pool_busy = True
