@@ -21,12 +21,15 @@ The order is round-robin, layer-major: (L=0, i=0), (0, 1), ..., (0, k-1),
 While micro-batch i waits for its combine, the replica has run the attention of
 the k-1 others: with k micro-batches, (k-1) attentions hide one expert round trip.
 
+`drive` is the one action switch: a driver (StepDriver) only says how to attend,
+dispatch and wait; the order, and the bookkeeping the depth policy reads, are here.
+
 Shapes and tensors are the driver's business: this file knows only indices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -126,18 +129,67 @@ class StepPipeline:
             raise RuntimeError(f"step pipeline: the driver did {action}, the pipeline expected {want}")
 
 
+class StepDriver(Protocol):
+    """What drives a step: the runtime's loops (asap.workers.step) and both simulated engines. `drive` asks the
+    pipeline what comes next and calls one of these; the driver does it, and says when."""
+
+    def attend(self, mb: int, layer: int) -> float | None:
+        """Run (mb, layer)'s attention side: the seconds it took, or None if it is still running (an
+        event-driven simulator: it reports `StepPipeline.attended` itself and drives again)."""
+
+    def dispatch(self, mb: int, layer: int) -> float:
+        """Hand (mb, layer)'s tokens to the exchange: when it went out, in the driver's clock."""
+
+    def wait(self, mb: int, layer: int) -> float | None:
+        """(mb, layer)'s combine: when it was back, or None if it is not back yet (the simulator drives
+        again once it is, after reporting `StepPipeline.combined`)."""
+
+
+def drive(pipe: StepPipeline, driver: StepDriver) -> bool:
+    """Do what the pipeline says until the driver must wait for an event or the step is done (pipe.finish()
+    is called; the driver then finishes the step). Returns whether the step is done. The one action switch:
+    every driver goes through here."""
+    while True:
+        a = pipe.next()
+        kind = type(a)
+        if kind is Attend:
+            took = driver.attend(a.mb, a.layer)
+            if took is None:
+                return False
+            pipe.attended(a.mb, a.layer, took)
+        elif kind is Dispatch:
+            pipe.dispatched(a.mb, a.layer, driver.dispatch(a.mb, a.layer))
+        elif kind is Wait:
+            back = driver.wait(a.mb, a.layer)
+            if back is None:
+                return False
+            pipe.combined(a.mb, a.layer, back)
+        else:
+            pipe.finish()
+            return True
+
+
+class _Recorder:
+    """A driver whose every combine is back before it is awaited: records the actions."""
+
+    def __init__(self):
+        self.actions: list[Action] = []
+
+    def attend(self, mb, layer):
+        self.actions.append(Attend(mb, layer))
+        return 0.0
+
+    def dispatch(self, mb, layer):
+        self.actions.append(Dispatch(mb, layer))
+        return 0.0
+
+    def wait(self, mb, layer):
+        self.actions.append(Wait(mb, layer))
+        return 0.0
+
+
 def order(num_microbatches: int, moe_layers: Sequence[bool]) -> list[Action]:
     """The whole action sequence of a step when every combine comes back before it is awaited."""
-    p, out = StepPipeline(num_microbatches, moe_layers), []
-    while True:
-        a = p.next()
-        out.append(a)
-        if isinstance(a, Attend):
-            p.attended(a.mb, a.layer)
-        elif isinstance(a, Dispatch):
-            p.dispatched(a.mb, a.layer)
-        elif isinstance(a, Wait):
-            p.combined(a.mb, a.layer)
-        else:
-            p.finish()
-            return out
+    rec = _Recorder()
+    drive(StepPipeline(num_microbatches, moe_layers), rec)
+    return rec.actions + [FINISH]

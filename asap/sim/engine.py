@@ -11,17 +11,6 @@ from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 
 
-def chunk_work(chunks) -> tuple[int, int, int]:
-    """(tokens, causal query-key pairs, context tokens read) of a list of Chunk."""
-    tokens = pairs = kv = 0
-    for c in chunks:
-        n = c.num_tokens
-        tokens += n
-        pairs += n * c.start + n * (n + 1) // 2
-        kv += c.start + n
-    return tokens, pairs, kv
-
-
 class EngineBase:
     def __init__(self, cost: CostModel, num_replicas: int, router, token_budget: int, order: str = "fcfs",
                  max_queue: int = 1024, trace_window: tuple[float, float] | None = None):
