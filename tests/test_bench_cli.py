@@ -64,9 +64,17 @@ def test_workload_flags():
 def test_bad_invocations_are_clear_errors(capsys):
     assert main(["bench", "--find-max-rate", "--target", "sim-async", "--model", "tiny-deepseek-v3"]) == 2
     assert "needs an SLO" in capsys.readouterr().err
-    assert main(["bench", "--target", "http", "--model", "tiny-deepseek-v3", "--trace", str(MOONCAKE),
-                 "--no-progress"]) == 2
-    assert "needs --base-url" in capsys.readouterr().err
+    for server_flag in (["--base-url", "http://127.0.0.1:1"], ["--port", "8001"], ["--backend", "vllm"]):
+        assert main(["bench", "--target", "sim-async", "--model", "tiny-deepseek-v3", *server_flag]) == 2
+        assert "add --target http" in capsys.readouterr().err, server_flag     # never silently ignored
+    assert main(["bench", "--target", "http", "--base-url", "http://127.0.0.1:1", "--port", "1"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["bench", "--target", "http", "--model", "tiny-deepseek-v3", "--random-output-len", "4"]) == 2
+    assert "--dataset-name random" in capsys.readouterr().err
+    # no --model: the model comes from the server, and a server that cannot be asked is a clear error
+    assert main(["bench", "--target", "http", "--base-url", "http://127.0.0.1:1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:1/v1/models" in err and "--model" in err
     assert main(["bench", "--target", "sim-async", "--model", "tiny-deepseek-v3", "--trace", "/nonexistent.jsonl"]) == 2
     assert "not found" in capsys.readouterr().err
 

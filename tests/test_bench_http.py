@@ -111,3 +111,50 @@ def test_connection_errors_are_failures():
     [result] = HttpTarget("http://h", "m", progress=False, transport=httpx.MockTransport(handler)).run(
         [Request(0, 1, prompt=[1])])
     assert result.error == "ConnectError: refused" and result.ttft is None
+
+
+def models(card: dict, tokens=None):
+    """A mock server: /v1/models lists `card`; /tokenize answers `tokens` (None: 400, no tokenizer)."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [card]})
+        if request.url.path == "/tokenize" and tokens is not None:
+            return httpx.Response(200, json={"count": len(tokens), "max_model_len": 64, "tokens": tokens})
+        return httpx.Response(400, json={"error": {"message": "this model has no tokenizer"}})
+    return httpx.MockTransport(handler)
+
+
+def test_the_served_model_is_found_here_when_it_is_a_preset_of_the_same_context_length():
+    from asap.bench.served_model import discover
+    from asap.bench.targets import model_config
+    cfg = model_config("tiny-deepseek-v3")
+    m = discover("http://h:8000/v1/completions", transport=models(
+        {"id": "tiny-deepseek-v3", "root": "tiny-deepseek-v3", "max_model_len": cfg.max_position_embeddings}))
+    assert (m.name, m.local, m.vocab_size, m.max_position) == ("tiny-deepseek-v3", "tiny-deepseek-v3",
+                                                               cfg.vocab_size, cfg.max_position_embeddings)
+
+
+def test_an_unknown_served_model_uses_the_servers_tokenizer_or_asks_for_model():
+    from asap.bench.served_model import discover
+    card = {"id": "my-llm", "root": "my-llm", "max_model_len": 64}
+    m = discover("http://h", transport=models(card, tokens=[1, 300, 17]))
+    assert (m.name, m.local, m.vocab_size, m.max_position) == ("my-llm", None, 301, 64)
+    with pytest.raises(ValueError, match="pass --model"):
+        discover("http://h", transport=models(card))                      # no tokenizer: nothing to build on
+    # a preset name whose context length differs from the server's is not taken for the server's model
+    with pytest.raises(ValueError, match="pass --model"):
+        discover("http://h", transport=models({"id": "tiny-deepseek-v3", "max_model_len": 7}))
+    with pytest.raises(ValueError, match="no OpenAI model list"):
+        discover("http://h", transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"data": []})))
+
+
+def test_random_output_len_is_the_max_tokens_sent():
+    seen = []
+
+    def handler(request):
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=sse(CHOICE, USAGE))
+
+    HttpTarget("http://h", "m", progress=False, max_tokens=0, transport=httpx.MockTransport(handler)).run(
+        [Request(0, 1, prompt=[1])])
+    assert seen[0]["max_tokens"] == 0

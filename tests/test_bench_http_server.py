@@ -1,5 +1,6 @@
 """`asap bench --target http` against a real `asap serve`: vLLM's flags, streaming TTFT, vLLM's result keys in
-the saved JSON, and a wrong served model name reported with its reason (not a silent 0/N)."""
+the saved JSON, a wrong served model name reported with its reason and a non-zero exit (not a silent 0/N),
+and without --model the server's own model (vLLM's rule)."""
 import json
 import shutil
 
@@ -49,8 +50,23 @@ def test_a_wrong_served_model_name_fails_with_its_reason(server_url, tmp_path, c
     out = tmp_path / "all.json"
     assert main(["bench", "--target", "http", "--base-url", url, "--model", str(model_dir),
                  "--dataset-name", "random", "--random-input-len", "8", "--num-prompts", "3",
-                 "--json", str(out), "--no-progress"]) == 0
+                 "--json", str(out), "--no-progress"]) == 1                   # failed requests: non-zero exit
     err = capsys.readouterr().err
     [run] = json.loads(out.read_text())["runs"]
     assert run["completed"] == 0 and run["failed"] == 3
     assert "HTTP 404" in err and "served-tiny" in err and "(3x)" in err, err
+    assert "3 of 3 requests failed" in err
+
+
+def test_without_model_the_model_and_token_ids_come_from_the_server(server_url, tmp_path, capsys):
+    url, _ = server_url
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    out = tmp_path / "all.json"
+    assert main(["bench", "--target", "http", "--backend", "vllm", "--host", host, "--port", port,
+                 "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "0",
+                 "--num-prompts", "4", "--json", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    [run] = json.loads(out.read_text())["runs"]
+    assert run["completed"] == 4 and run["failed"] == 0
+    # served under a name that is no preset or directory here: its /tokenize bounds the ids
+    assert "served-tiny" in captured.err and "/tokenize" in captured.err

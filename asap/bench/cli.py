@@ -1,11 +1,11 @@
 r"""`asap bench`: targets side by side on one workload, with `vllm bench serve`'s flags and result keys.
 
     asap bench --target sync --target async --length-scale 0.02 --num-prompts 50 --request-rate 1 \
-        --slo-ttft-s 10 --save-result --result-dir out --plot out/plots
-    asap bench --target http --base-url http://127.0.0.1:8000 --served-model-name my-model \
+        --slo-ttft-s 10 --save-result --result-dir out --plot out/plots                  # ~2 min on 2 cores
+    asap bench --target http --backend vllm --host 127.0.0.1 --port 8000 \
         --dataset-name random --random-input-len 512 --num-prompts 200 --request-rate 4 --goodput ttft:500
     asap bench --target sim-async --target sim-sync --find-max-rate --slo-ttft-s 10 \
-        --arrivals poisson --rate 0.5 --length-scale 0.02 --max-tokens 1024 --plot out/sim
+        --arrivals poisson --rate 0.5 --length-scale 0.02 --max-tokens 1024 --plot out/sim  # ~10 s
 
 Every target runs the same requests. Sync gets as many devices as async
 (--devices defaults to A + E). Per target: one run, a sweep (--rates) or a
@@ -14,6 +14,12 @@ record has vLLM's keys (completed, failed, duration, request_throughput,
 request_goodput, mean/median/std/p99_ttft_ms, ...) and ASAP's (slo_attainment,
 ttft_p90_ms, max_slo_rate, worker busy/stall/idle). The default dataset is the
 Mooncake sample shipped in the package.
+
+--target http: the server at --base-url (or http://--host:--port, vLLM's
+default 127.0.0.1:8000). Without --model the model comes from the server, as in
+vLLM: the first of its /v1/models (or --served-model-name), its config when it
+is a preset or a directory here, else token ids bounded by its /tokenize.
+Exit status 1 when any request failed (the reasons are printed), 2 on bad input.
 """
 from __future__ import annotations
 
@@ -32,30 +38,48 @@ from asap.bench.targets import TARGETS, close_target, make_target, model_config,
 from asap.config import RuntimeConfig
 from asap.workload import Workload
 
+DEFAULT_MODEL = "small-deepseek-v3"
+# vllm bench serve's backends that post to OpenAI's /v1/completions, which is what the http target sends
+BACKENDS = ("vllm", "openai", "sglang", "lmdeploy")
+
 
 def register(sub):
     from asap.config import add_config_flags
     p = sub.add_parser("bench", help="benchmark engines, the simulator or a server side by side on one workload",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", action="append", choices=TARGETS,
-                   help="repeatable; default: --target sync --target async")
-    p.add_argument("--model", default="small-deepseek-v3",
-                   help="preset name or HF model directory: the local config (and tokenizer) of the workload")
-    h = p.add_argument_group("http target (an OpenAI-compatible server)")
-    h.add_argument("--base-url", "--url", dest="url", help="server base URL, e.g. http://127.0.0.1:8000")
+                   help="repeatable; default: --target sync --target async. http: a running server "
+                        "(--base-url, or --host/--port)")
+    p.add_argument("--model", default=None,
+                   help="preset name or HF model directory: the local config (and tokenizer) of the workload. "
+                        f"Default: with --target http, the server's (its /v1/models, as vLLM); otherwise "
+                        f"{DEFAULT_MODEL}")
+    h = p.add_argument_group("http target (an OpenAI-compatible server; vllm bench serve's flags)")
+    h.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="vLLM's name for a server speaking OpenAI's /v1/completions (all the same here; chat "
+                        "and other APIs are not supported). Needs --target http")
+    h.add_argument("--base-url", "--url", dest="url",
+                   help="server base URL, e.g. http://127.0.0.1:8000 (default: http://HOST:PORT)")
+    h.add_argument("--host", default=None, help="server host, when no --base-url (default: 127.0.0.1)")
+    h.add_argument("--port", type=int, default=None, help="server port, when no --base-url (default: 8000)")
     h.add_argument("--endpoint", default="/v1/completions", help="API path (default: %(default)s)")
-    h.add_argument("--served-model-name", help="the model name the server answers to (default: --model)")
+    h.add_argument("--served-model-name",
+                   help="the model name the server answers to (default: --model, else the server's first model)")
+    h.add_argument("--random-output-len", type=int, default=None,
+                   help="max_tokens of each request, as vLLM (only with --dataset-name random). Default 1 here: "
+                        "a prefill benchmark; 0 = prefill only. An ASAP server accepts 0 or 1")
     h.add_argument("--max-concurrency", type=int, default=None,
                    help="at most this many requests in flight (engines and http); a request's clock starts "
-                        "when it is sent, as vLLM")
+                        "when it is sent, as vLLM (default: no limit)")
     h.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="stream (stream_options.include_usage) and take TTFT at the first chunk, as vLLM")
+                   help="stream (stream_options.include_usage) and take TTFT at the first chunk, as vLLM "
+                        "(default: on)")
     h.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true")
     add_workload_flags(p)
     s = p.add_argument_group("rate search / sweep")
     s.add_argument("--find-max-rate", action="store_true",
                    help="search the highest rate meeting the SLO target (needs an SLO; starts at --rate or 1)")
-    s.add_argument("--target-attainment", type=float, default=0.9, help="fraction of requests meeting the SLO")
+    s.add_argument("--target-attainment", type=float, default=0.9, help="fraction of requests that must meet the SLO")
     s.add_argument("--tolerance", type=float, default=0.1, help="relative width of the final rate bracket")
     s.add_argument("--max-iters", type=int, default=10, help="most runs per target in a search")
     s.add_argument("--rates", help="comma-separated rates (req/s): one run per rate and target")
@@ -70,7 +94,8 @@ def register(sub):
     o.add_argument("--json", help='write every run record into this one file: {"runs": [...]}')
     o.add_argument("--plot", help="write TTFT CDF, attainment vs rate and worker timelines into this directory")
     o.add_argument("--timeout", type=float, default=None, help="a request still unanswered after this (s) fails")
-    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar per run on stderr")
     e = p.add_argument_group("engine (RuntimeConfig)")
     add_config_flags(e, RuntimeConfig)
     p.set_defaults(func=run, devices=None)
@@ -189,8 +214,57 @@ def write_plots(out_dir, runs: list[Run], curves: dict, slo_s: float | None, tar
     return paths
 
 
+def server_url(args, names) -> str | None:
+    """vLLM's rule: --base-url, else http://HOST:PORT. Server flags without an http target are refused (they
+    would be silently ignored)."""
+    given = [f for f, v in (("--base-url", args.url), ("--host", args.host), ("--port", args.port),
+                            ("--backend", args.backend), ("--random-output-len", args.random_output_len)) if v is not None]
+    if "http" not in names:
+        if given:
+            raise ValueError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a server to benchmark: "
+                             f"add --target http")
+        return None
+    if args.url and (args.host or args.port):
+        raise ValueError("give --base-url or --host/--port, not both")
+    if args.random_output_len is not None:
+        if args.random_output_len < 0:
+            raise ValueError(f"--random-output-len must be >= 0, got {args.random_output_len}")
+        if args.dataset_name != "random":
+            raise ValueError("--random-output-len applies to --dataset-name random, as in vLLM")
+    return args.url or f"http://{args.host or '127.0.0.1'}:{args.port or 8000}"
+
+
+def resolve_model(args, names, url: str | None):
+    """(local model spec or None, ServedModel-like facts): --model, else the server's model, else the default."""
+    from asap.bench.served_model import ServedModel, ServerTokenizer, discover
+    if args.model is None and url is not None:
+        served = discover(url, args.served_model_name)
+        print(f"[bench] model: {served.source}", file=sys.stderr, flush=True)
+        others = [n for n in names if n != "http"]
+        if served.local is None and others:
+            raise ValueError(f"--target {' --target '.join(others)} needs the model here, and the server's "
+                             f"{served.name!r} is not a preset or a local directory: pass --model")
+        tokenizer = None if served.local or args.tokenizer else ServerTokenizer(url, served.name)
+        return served, tokenizer
+    model = args.model or DEFAULT_MODEL
+    cfg = model_config(model)
+    return ServedModel(args.served_model_name or model, model, cfg.vocab_size, cfg.max_position_embeddings,
+                       model), None
+
+
+def failures(records: list[dict]) -> str | None:
+    """"N of M requests failed (target: n)" when any did, else None."""
+    failed = sum(r.get("failed") or 0 for r in records)
+    if not failed:
+        return None
+    total = sum(r.get("num_requests") or 0 for r in records)
+    per = ", ".join(f"{r['label']}: {r['failed']}" for r in records if r.get("failed"))
+    return f"{failed} of {total} requests failed ({per}); the reasons are printed above"
+
+
 def run(args) -> int:
     names = args.target or ["sync", "async"]
+    url = server_url(args, names)
     if args.find_max_rate and args.rates:
         raise ValueError("use either --find-max-rate or --rates")
     if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None \
@@ -204,15 +278,20 @@ def run(args) -> int:
         raise ValueError("--result-filename needs --save-result")
     vllm_options(args)          # bad --percentile-metrics / --metric-percentiles / --goodput fail before any run
     runtime = runtime_from_args(args)
-    cfg = model_config(args.model)
-    workload = build_workload(args, cfg.vocab_size, cfg.max_position_embeddings, needs_prompts(runtime, names))
+    served, tokenizer = resolve_model(args, names, url)
+    model = served.local or served.name
+    args = argparse.Namespace(**{**vars(args), "model": model,       # the result files name what was used
+                                 "served_model_name": served.name if url else args.served_model_name})
+    workload = build_workload(args, served.vocab_size, served.max_position, needs_prompts(runtime, names),
+                              tokenizer=tokenizer)
     workload.build()            # a bad trace or workload fails before any engine starts
     records, runs, curves = [], [], {}
     for name in names:
         print(f"[bench] {name}: starting", file=sys.stderr, flush=True)
-        target = make_target(name, args.model, runtime, args.url, args.progress, args.timeout,
-                             served_model_name=args.served_model_name, endpoint=args.endpoint, stream=args.stream,
-                             max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos)
+        target = make_target(name, model, runtime, url, args.progress, args.timeout,
+                             served_model_name=served.name, endpoint=args.endpoint, stream=args.stream,
+                             max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
+                             max_tokens=1 if args.random_output_len is None else args.random_output_len)
         try:
             recs, rs, curve = bench_target(name, target, workload, args)
         finally:
@@ -221,8 +300,8 @@ def run(args) -> int:
         runs += rs
         curves.update(curve)
     print(f"workload: {records[0]['num_requests']} requests ({args.dataset_name}), SLO {describe_slo(workload)}, "
-          f"model {args.model}, async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync "
-          f"{runtime.devices} ranks")
+          f"model {served.source}" + (f", async {runtime.attention_workers}A+{runtime.expert_workers}E vs sync "
+                                      f"{runtime.devices} ranks" if {"sync", "async"} & set(names) else ""))
     print(summary_text(records))
     if args.json:
         write_json(args.json, records)
@@ -233,4 +312,8 @@ def run(args) -> int:
     if args.plot:
         paths = write_plots(args.plot, runs, curves, workload.slo_ttft_s, args.target_attainment)
         print(f"wrote {len(paths)} files to {args.plot}")
+    failed = failures(records)
+    if failed:
+        print(f"asap bench: {failed}", file=sys.stderr)
+        return 1
     return 0

@@ -143,9 +143,9 @@ def add_workload_flags(p) -> None:
                    help="random: lengths uniform on [L (1 - r), L (1 + r)]")
     w.add_argument("--lengths", default="trace", help="override lengths: fixed:N | uniform:LO:HI | lognormal:MEAN:SIGMA")
     w.add_argument("--length-scale", type=float, default=1.0, help="multiply prompt lengths")
-    w.add_argument("--min-tokens", type=int, default=1)
+    w.add_argument("--min-tokens", type=int, default=1, help="raise shorter prompts to this length")
     w.add_argument("--max-tokens", type=int, default=None, help="clip prompt lengths (default: the model's limit)")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths, token ids and ShareGPT order")
     w.add_argument("--tokenizer", default=None,
                    help="sharegpt: directory with tokenizer.json (default: the --model's own)")
     w.add_argument("--goodput", nargs="+", metavar="KEY:MS",
@@ -178,8 +178,10 @@ def slo_ttft_s(args) -> float | None:
     return args.slo_ttft_s if args.slo_ttft_s is not None else ttft
 
 
-def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool = True) -> Workload:
-    """The workload the flags describe (see the module docstring)."""
+def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool = True,
+                   tokenizer=None) -> Workload:
+    """The workload the flags describe (see the module docstring); `tokenizer` (anything with encode(text)):
+    ShareGPT's when neither --tokenizer nor the model gives one (an http server's /tokenize)."""
     synthetic = args.dataset_path == "none"
     name = args.dataset_name
     trace = None if synthetic else dataset_source(name, args.dataset_path)
@@ -204,7 +206,7 @@ def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool 
         lengths = random_lengths(args.random_input_len, args.random_range_ratio)
     prompts = ()
     if name == "sharegpt" and not synthetic:
-        tok = load_text_tokenizer(args.tokenizer, args.model)
+        tok = tokenizer or load_text_tokenizer(args.tokenizer, args.model)
         prompts = sharegpt_prompts(args.dataset_path, tok, args.num_requests, args.seed)
         if lengths is None:
             lengths = _InOrder(tuple(len(p) for p in prompts))

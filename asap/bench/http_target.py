@@ -1,7 +1,7 @@
 """Target for any OpenAI-compatible server, sending what `vllm bench serve` sends.
 
 POST {base_url}{endpoint} (default /v1/completions) with the prompt as token ids
-(so the server prefills exactly the workload's tokens), `max_tokens: 1`,
+(so the server prefills exactly the workload's tokens), `max_tokens: 1` (or vLLM's --random-output-len),
 `stream: true` and `stream_options: {include_usage: true}`. TTFT is taken at
 the first SSE chunk that carries `choices`, as vLLM does (its text may be
 empty); the end of the stream gives the end-to-end latency, and the `usage`
@@ -38,7 +38,7 @@ class HttpTarget:
     def __init__(self, base_url: str, model: str, label: str = "http", timeout: float = 600.0,
                  progress: bool = True, transport: httpx.AsyncBaseTransport | None = None,
                  endpoint: str = "/v1/completions", stream: bool = True, max_concurrency: int | None = None,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, max_tokens: int = 1):
         """`base_url` like http://host:8000 (or the full .../v1/completions URL); `model` is the
         server's model name (vLLM's --served-model-name); `transport` is for tests."""
         url = base_url.rstrip("/")
@@ -51,9 +51,10 @@ class HttpTarget:
         self.stream = stream
         self.max_concurrency = max_concurrency
         self.ignore_eos = ignore_eos
+        self.max_tokens = max_tokens
 
     def body(self, req: Request) -> dict:
-        body = {"model": self.model, "prompt": req.prompt, "max_tokens": 1, "stream": self.stream}
+        body = {"model": self.model, "prompt": req.prompt, "max_tokens": self.max_tokens, "stream": self.stream}
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:

@@ -133,7 +133,7 @@ def sim_target(engine: str, model: str, runtime: RuntimeConfig, devices: int) ->
 def make_target(name: str, model: str, runtime: RuntimeConfig, url: str | None = None, progress: bool = True,
                 timeout: float | None = None, served_model_name: str | None = None,
                 endpoint: str = "/v1/completions", stream: bool = True, max_concurrency: int | None = None,
-                ignore_eos: bool = False):
+                ignore_eos: bool = False, max_tokens: int = 1):
     """A target by name. `runtime.devices` is the sync rank count; async uses A + E. For http, `model` is
     the local config and `served_model_name` (default: `model`) the name sent to the server."""
     if name in ("async", "sync", "reference"):
@@ -142,10 +142,10 @@ def make_target(name: str, model: str, runtime: RuntimeConfig, url: str | None =
         return sim_target(name.removeprefix("sim-"), model, runtime, runtime.devices)
     if name == "http":
         if not url:
-            raise ValueError("--target http needs --base-url (--url)")
+            raise ValueError("--target http needs --base-url (or --host/--port)")
         return HttpTarget(url, served_model_name or model, label=f"http {url}", progress=progress,
                           timeout=timeout or 600.0, endpoint=endpoint, stream=stream,
-                          max_concurrency=max_concurrency, ignore_eos=ignore_eos)
+                          max_concurrency=max_concurrency, ignore_eos=ignore_eos, max_tokens=max_tokens)
     raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
 
 
