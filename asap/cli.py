@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # The flag helpers live with the configs (below every package that builds a parser); re-exported.
 from asap.config import add_config_flags, config_from_args  # noqa: F401
@@ -23,9 +24,50 @@ COMMANDS = [
 EXTRA = {"asap.sim.cli": ["asap.bench.validate"]}       # `asap sim validate` drives bench targets
 
 
+DESCRIPTION = """ASAP: disaggregated, asynchronous prefill serving for Mixture-of-Experts LLMs.
+
+Attention and experts run on separate workers, and dispatch/combine are asynchronous, so no MoE layer
+waits on a cluster-wide barrier. Start with `asap demo` (about 3 minutes on 2 cores). `asap COMMAND --help`
+describes each command, its flags and their defaults, and how long it typically takes."""
+
+
+def package_version() -> str:
+    try:
+        return version("asap-prefill")
+    except PackageNotFoundError:        # run from a source tree that was never installed
+        from asap import __version__
+        return __version__ + " (not installed)"
+
+
+class _ShowDefaults(argparse.HelpFormatter):
+    """Appends "(default: X)" to a flag's help unless the help already speaks of its default, or there is
+    none to show (None, False, a suppressed one), so no default prints twice."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.default is argparse.SUPPRESS \
+                or not action.option_strings or isinstance(action, (argparse._StoreTrueAction,
+                                                                    argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every command's help shows its defaults, keeping the formatter its description was written for."""
+    cls = parser.formatter_class
+    if not issubclass(cls, _ShowDefaults):
+        parser.formatter_class = type(f"Defaults{cls.__name__}", (_ShowDefaults, cls), {})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in set(action.choices.values()):
+                show_defaults(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asap", description="Disaggregated, asynchronous MoE prefill serving")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="asap", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()} (asap-prefill)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in COMMANDS:
         try:
             module = importlib.import_module(mod)
@@ -38,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             module.register(sub, extra)
         else:
             module.register(sub)
+    show_defaults(parser)
     return parser
 
 

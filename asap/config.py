@@ -89,7 +89,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
                                 help=help_text)
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=f.default, help=help_text + " (default: %(default)s)")
+            shown = "" if "default" in help_text.lower() else " (default: %(default)s)"     # never twice
+            parser.add_argument(flag, type=typ, default=f.default, help=help_text + shown)
 
 
 def config_from_args(cls, args, **extra):
