@@ -66,7 +66,8 @@ class LLM:
         """Queue one prompt; the future resolves to a PrefillOutput or raises its error.
         deadline: absolute TTFT deadline on time.monotonic(). With emulated compute a prompt
         may be given by its length alone (num_tokens). prompt_logprobs=k: also return every prompt
-        token's logprob and the top-k there (PrefillOutput.prompt_logprobs; real compute only)."""
+        token's logprob and the top-k there (PrefillOutput.prompt_logprobs; real compute only).
+        future.cancel() aborts the request (a client that hung up): it is dropped before its next chunk."""
         self._open()
         if prompt is None:
             if not self.emulated:

@@ -76,14 +76,19 @@ class ReferenceEngine:
                     self._queue.put(None)
                     break
                 pending.append(nxt)
+            pending = [p for p in pending if not p[2].cancelled()]    # cancelled by the caller: not run
+            if not pending:
+                continue
             try:
                 outs = run_batch(self.side, self.shards, {rid: p for rid, p, _, _ in pending}, self.dtype,
                                  self.device, {rid: k for rid, _, _, k in pending if k is not None})
                 for rid, _, fut, _ in pending:
-                    fut.set_result(outs[rid])
+                    if not fut.cancelled():
+                        fut.set_result(outs[rid])
             except Exception as e:  # noqa: BLE001 - the error belongs to the callers' futures
                 for _, _, fut, _ in pending:
-                    fut.set_exception(e)
+                    if not fut.cancelled():
+                        fut.set_exception(e)
 
     def healthy(self) -> bool:
         if self._closed:

@@ -6,6 +6,9 @@ The engine routes each request to a replica with the shared router policy,
 collects results, and watches the workers: when one dies or misses its heartbeats
 (hung, SIGSTOPped, deadlocked), every request in flight fails with EngineUnavailable (retriable) and
 the engine reports itself unhealthy until restart(). After close() every method raises EngineClosed.
+Cancelling a request's future (Future.cancel(), e.g. the server's client hung up) aborts it: the engine
+forgets it and tells its replica, which drops it between steps (its remaining chunks are never scheduled;
+a step already running finishes, and its result is dropped).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import dataclasses
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 import torch
 
@@ -28,7 +31,7 @@ from asap.scheduler.request import Request
 from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
 from asap.scheduler.router import QueueAwareRouter, ReplicaLoad, make_router
 from asap.workers.launcher import Cluster
-from asap.workers.messages import Failure, Result, RoutingCounts, Spans, Started, Submit
+from asap.workers.messages import Abort, Failure, Result, RoutingCounts, Spans, Started, Submit
 from asap.workers.spans import SpanLog, fractions
 
 
@@ -57,6 +60,7 @@ class RuntimeEngine:
         self._started: dict[int, float] = {}                          # id -> first scheduled (running requests)
         self.spans = SpanLog()        # {worker: spans}, bounded per worker
         self.errors: list[str] = []
+        self.num_aborted = 0
         self._closing = self._closed = False
         self._start()
         self._watchdog = threading.Thread(target=self._watch, name="asap-watchdog", daemon=True)
@@ -116,7 +120,22 @@ class RuntimeEngine:
             self._loads[replica][request_id] = n
         self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline,
                                                   req.priority, prompt_logprobs))
+        fut.add_done_callback(lambda f: f.cancelled() and self._abort(request_id))
         return fut
+
+    def _abort(self, request_id: int) -> None:
+        """The caller cancelled the future: forget the request and have its replica drop it."""
+        with self._lock:
+            entry = self._futures.pop(request_id, None)
+            if entry is None:           # already answered, failed or forgotten
+                return
+            self._loads[entry[1]].pop(request_id, None)
+            self._started.pop(request_id, None)
+            self.num_aborted += 1
+        try:
+            self.cluster.controls[entry[1]].put(Abort(request_id))
+        except (OSError, ValueError, AssertionError):     # a cluster closed meanwhile: nothing left to drop
+            pass
 
     def _collect(self, cluster):
         while not self._closing and cluster is self.cluster:
@@ -155,13 +174,17 @@ class RuntimeEngine:
             if entry is None:
                 return
             fut, _, submitted = entry
-            if msg.error:       # a full replica queue, or a peer that did not answer: both worth a retry
-                fut.set_exception(QueueFull(msg.error) if "queue full" in msg.error else EngineUnavailable(msg.error))
-            else:
-                fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
-                                             {"submitted": submitted, "finished": msg.finished_at,
-                                              **({"started": started} if started is not None else {})},
-                                             PromptLogprobs.from_parts(msg.prompt_logprobs)))
+            try:                # the caller may cancel the future at any moment (InvalidStateError then)
+                if msg.error:   # a full replica queue, or a peer that did not answer: both worth a retry
+                    fut.set_exception(QueueFull(msg.error) if "queue full" in msg.error else
+                                      EngineUnavailable(msg.error))
+                else:
+                    fut.set_result(PrefillOutput(msg.first_token, msg.logits, msg.kv or [], 0, msg.request_id,
+                                                 {"submitted": submitted, "finished": msg.finished_at,
+                                                  **({"started": started} if started is not None else {})},
+                                                 PromptLogprobs.from_parts(msg.prompt_logprobs)))
+            except InvalidStateError:
+                pass
         elif isinstance(msg, Started):
             with self._lock:
                 if msg.request_id in self._futures:
@@ -183,8 +206,10 @@ class RuntimeEngine:
             for l in self._loads:
                 l.clear()
         for fut, _, _ in pending.values():
-            if not fut.done():
+            try:
                 fut.set_exception(EngineClosed(error) if self._closed else EngineUnavailable(error))
+            except InvalidStateError:       # cancelled by its caller meanwhile
+                pass
 
     def rebalance(self, num_redundant: int) -> Placement:
         """Recompute expert placement from the routing statistics gathered so far (EPLB-style:

@@ -18,7 +18,7 @@ from multiprocessing import parent_process
 import torch
 
 from asap.config import ModelConfig, RuntimeConfig
-from asap.workers.messages import Failure, Ready, Shutdown, Spans, Submit
+from asap.workers.messages import Abort, Failure, Ready, Shutdown, Spans, Submit
 from asap.workers.spans import SpanRecorder
 
 
@@ -75,6 +75,8 @@ class WorkerContext:
                 break
             if isinstance(msg, Submit):
                 replica.intake(msg)
+            elif isinstance(msg, Abort):      # between steps: its remaining chunks are never scheduled
+                replica.fail([msg.request_id], "aborted")
         if block or wait_s:
             self.spans.add("idle", t0, time.monotonic())
         return replica.has_work

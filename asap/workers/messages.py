@@ -20,6 +20,11 @@ class Submit:                      # engine -> attention worker (async) or rank 
 
 
 @dataclass(frozen=True)
+class Abort:                       # engine -> replica: the caller gave up; drop the request (engine ignores its Result)
+    request_id: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
