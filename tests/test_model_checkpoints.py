@@ -183,7 +183,8 @@ def test_a_block_fp8_slice_reads_only_its_tensors_and_their_scales(checkpoints, 
     _open = loader.safe_open
     monkeypatch.setattr(loader, "safe_open", Recording)
     shard = loader.load_expert_shard(path, [3, 1])
-    assert shard.gate_up[1].dtype == torch.float32
+    assert shard.gate_up[1].dtype == torch.float8_e4m3fn          # experts stay FP8 in memory,
+    assert shard.weights(1)[0].dtype == torch.float32              # and run in the runtime dtype
     assert read and all(".mlp.experts.1." in n or ".mlp.experts.3." in n for n in read)
     assert any(n.endswith("_scale_inv") for n in read)
     read.clear()

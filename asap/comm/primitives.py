@@ -23,6 +23,10 @@ from asap.scheduler.expert_select import OldestFirst
 
 _OLDEST_FIRST = OldestFirst()     # the default selector (stateless)
 
+# CPU tensors take shortcuts that read values on the host (free there, a sync on a GPU). Off, a CPU run
+# takes the device path: tests count its host syncs without a GPU (tests/test_model_syncs.py).
+HOST_SHORTCUTS = True
+
 # While a selector holds ready work back and does not say until when, it is asked
 # again this often even if nothing new arrives.
 _RESELECT_S = 0.0005
@@ -72,7 +76,7 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
         return _to_one(live[0], T, topk_ids, topk_weights, always_to)
     total = sum(counts)
     flat = member[:, 2:W + 2].t().reshape(-1)                 # rank-major: r * T + t
-    if dev.type == "cpu":     # int64 division is slow on a CPU; the counts are on the host already
+    if dev.type == "cpu" and HOST_SHORTCUTS:   # int64 division is slow on a CPU; the counts are on the host
         pos = flat.nonzero().squeeze(1)
         rank_of = torch.repeat_interleave(torch.arange(W), torch.tensor(counts))
     else:                     # nonzero_static: no second sync; the counts stay on the host
@@ -91,7 +95,7 @@ def dispatch_layout(dest: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
 
 def _single_rank(dest: torch.Tensor, W: int) -> int | None:
     """The rank every pair goes to, if there is one, found without a host sync to save: CPU only."""
-    if not dest.is_cpu or not dest.numel():
+    if not dest.is_cpu or not dest.numel() or not HOST_SHORTCUTS:
         return None
     lo, hi = torch.aminmax(dest)
     lo, hi = int(lo), int(hi)

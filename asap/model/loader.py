@@ -4,7 +4,8 @@ A caller loads only its slice (the attention side, or a subset of experts of
 every MoE layer); safetensors reads tensors by name from a memory map, so no
 other tensor is read into memory. Every tensor read is checked against the
 config (asap.model.tensors): present, of the expected shape, finite. Block-FP8
-weights are dequantised into the runtime dtype as they are read
+expert weights stay FP8 with their scales (asap.model.moe.ExpertShard); the
+other block-FP8 weights are dequantised into the runtime dtype as they are read
 (asap.model.quant). Multi-token-prediction layers (index >= num_hidden_layers)
 are never read. Anything wrong is one ModelLoadError naming the file and tensor.
 """
@@ -20,7 +21,7 @@ from safetensors import safe_open
 from asap.model.config import ModelConfig
 from asap.model.errors import ModelLoadError
 from asap.model.moe import ExpertShard
-from asap.model.quant import SCALE_SUFFIX, dequantize
+from asap.model.quant import SCALE_SUFFIX, check_scale, dequantize
 from asap.model.stages import AttentionSide
 from asap.model.tensors import attention_side_tensors, expert_tensors, tensor_shapes
 
@@ -100,8 +101,9 @@ class Checkpoint:
         """The named tensors in `dtype` on `device`, each checked (shape against `shapes`, finite)."""
         return dict(self.iter(names, dtype, device, shapes))
 
-    def iter(self, names: list[str], dtype: torch.dtype, device, shapes: dict | None = None):
-        """(name, tensor) pairs as `read`, one tensor at a time, so a caller can place each and drop it."""
+    def iter(self, names: list[str], dtype: torch.dtype, device, shapes: dict | None = None, keep_fp8: bool = False):
+        """(name, tensor) pairs as `read`, one tensor at a time, so a caller can place each and drop it.
+        keep_fp8: a block-FP8 tensor comes as (float8 weight, float32 scale) instead, not dequantised."""
         shapes = shapes if shapes is not None else tensor_shapes(self.config)
         missing = [n for n in names if n not in self.files]
         if missing:
@@ -113,9 +115,10 @@ class Checkpoint:
         for f, ns in by_file.items():
             with self._open(f) as fh:
                 for n in ns:
-                    yield n, self._get(fh, f, n, dtype, shapes.get(n)).to(device)
+                    t = self._get(fh, f, n, dtype, shapes.get(n), keep_fp8)
+                    yield n, tuple(x.to(device) for x in t) if isinstance(t, tuple) else t.to(device)
 
-    def _get(self, fh, f: Path, name: str, dtype: torch.dtype, shape) -> torch.Tensor:
+    def _get(self, fh, f: Path, name: str, dtype: torch.dtype, shape, keep_fp8: bool = False):
         try:
             t = fh.get_tensor(name)
         except Exception as e:  # noqa: BLE001
@@ -135,6 +138,11 @@ class Checkpoint:
                 scale = sh.get_tensor(scale_name)
             if not torch.isfinite(scale).all():
                 raise ModelLoadError(self.files[scale_name], f"tensor {scale_name!r} has non-finite values")
+            if keep_fp8:
+                check_scale(t, scale, q.block, name, f)
+                if not torch.isfinite(t.float()).all():
+                    raise ModelLoadError(f, f"tensor {name!r} has non-finite values (NaN)")
+                return t, scale.float()
             t = dequantize(t, scale, q.block, dtype, name, f)
         elif scale_name in self.files:
             raise ModelLoadError(f, f"tensor {name!r} has a {scale_name!r} but is stored as {t.dtype}, not fp8")
@@ -185,19 +193,42 @@ def load_expert_shard(path, expert_ids, dtype=None, device="cpu") -> ExpertShard
     dtype = runtime_dtype(cfg, dtype)
     per_layer = expert_ids if isinstance(expert_ids, dict) else {l: expert_ids for l in cfg.moe_layer_ids}
     per_layer = {int(l): sorted(set(int(e) for e in per_layer.get(l, ()))) for l in cfg.moe_layer_ids}
-    gate_up, down = {}, {}
-    I, D = cfg.moe_intermediate_size, cfg.hidden_size
-    for layer, ids in per_layer.items():
+    for ids in per_layer.values():
         if any(not 0 <= e < cfg.num_experts for e in ids):
             raise ValueError(f"expert ids must be in [0, {cfg.num_experts}), got {ids}")
+    names = {l: {k: v for e in ids for k, v in expert_tensors(cfg, l, e).items()} for l, ids in per_layer.items()}
+    # Block-FP8 experts stay FP8 (with their scales) when every one of them has a scale; else the shard is
+    # dequantised at load as the attention side is.
+    fp8 = cfg.quant is not None and all(n + SCALE_SUFFIX in ck.files for s in names.values() for n in s)
+    shard = empty_expert_shard(cfg, per_layer, dtype, device, fp8)
+    I = cfg.moe_intermediate_size
+    nI = -(-I // cfg.quant.block[0]) if fp8 else 0
+    for layer, ids in per_layer.items():
         # Each tensor goes straight into its slot of the stacked weights: peak memory is the slice plus one tensor.
-        gu = gate_up[layer] = torch.empty(len(ids), 2 * I, D, dtype=dtype, device=device)
-        dn = down[layer] = torch.empty(len(ids), D, I, dtype=dtype, device=device)
+        gu, dn = shard.gate_up[layer], shard.down[layer]
         slot = {e: i for i, e in enumerate(ids)}
-        shapes = {k: v for e in ids for k, v in expert_tensors(cfg, layer, e).items()}
-        for name, t in ck.iter(list(shapes), dtype, device, shapes):
+        for name, t in ck.iter(list(names[layer]), dtype, device, names[layer], fp8):          # fp8: keep_fp8
             e, proj = _EXPERT_NAME.search(name).groups()
-            target = dn[slot[int(e)]] if proj == "down" else gu[slot[int(e)], :I] if proj == "gate" \
-                else gu[slot[int(e)], I:]
-            target.copy_(t)
-    return ExpertShard.build(cfg.num_experts, per_layer, gate_up, down)
+            i = slot[int(e)]
+            if fp8:
+                t, scale = t
+                gs, ds = shard.scales[layer]
+                (ds[i] if proj == "down" else gs[i, :nI] if proj == "gate" else gs[i, nI:]).copy_(scale)
+            (dn[i] if proj == "down" else gu[i, :I] if proj == "gate" else gu[i, I:]).copy_(t)
+    return shard
+
+
+def empty_expert_shard(cfg: ModelConfig, per_layer: dict[int, list[int]], dtype: torch.dtype, device="cpu",
+                       fp8: bool = False) -> ExpertShard:
+    """The stacked (uninitialised) tensors of a shard holding `per_layer` experts: FP8 weights + float32
+    block scales when fp8, else `dtype`. On the meta device it sizes a layout without any memory."""
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
+    store = cfg.quant.storage_dtype if fp8 else dtype
+    gate_up = {l: torch.empty(len(ids), 2 * I, D, dtype=store, device=device) for l, ids in per_layer.items()}
+    down = {l: torch.empty(len(ids), D, I, dtype=store, device=device) for l, ids in per_layer.items()}
+    if not fp8:
+        return ExpertShard.build(cfg.num_experts, per_layer, gate_up, down)
+    bo, bi = cfg.quant.block
+    scales = {l: (torch.empty(len(ids), 2 * -(-I // bo), -(-D // bi), device=device),    # gate rows, then up rows
+                  torch.empty(len(ids), -(-D // bo), -(-I // bi), device=device)) for l, ids in per_layer.items()}
+    return ExpertShard.build(cfg.num_experts, per_layer, gate_up, down, scales, cfg.quant.block, dtype)

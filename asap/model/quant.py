@@ -4,10 +4,11 @@ Format: a linear weight W [out, in] is stored as float8_e4m3fn, and beside it
 `<name>_scale_inv` [ceil(out/bo), ceil(in/bi)] float32 holds one scale per
 bo x bi block; the real weight is W * scale (block-wise). Tensors without a
 `_scale_inv` companion (embeddings, norms, the router, the LM head) are stored
-in a normal dtype. Weights are dequantised into the runtime dtype one tensor
-at a time as each worker reads its slice, so peak memory stays one tensor
-above the slice. `QuantConfig` keeps the format so FP8 weights could later be
-kept with their scales for an FP8 GEMM on a GPU.
+in a normal dtype. The routed experts (nearly all of a DeepSeek-V3's bytes)
+stay FP8 in memory with their scales (asap.model.moe.ExpertShard dequantises
+one layer when it runs); the attention side's weights are dequantised into the
+runtime dtype one tensor at a time as a worker reads them, so peak memory
+stays one tensor above the slice.
 """
 from __future__ import annotations
 
@@ -66,20 +67,26 @@ def expand_scales(scale_inv: torch.Tensor, shape: tuple[int, int], block: tuple[
     return scale_inv.repeat_interleave(bo, 0)[:shape[0]].repeat_interleave(bi, 1)[:, :shape[1]]
 
 
+def check_scale(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], name: str = "",
+                source="") -> None:
+    """A block-FP8 weight is 2-D and its scale has one entry per block; else ModelLoadError."""
+    if weight.dim() != 2:
+        raise ModelLoadError(source, f"tensor {name!r}: a block-FP8 weight must be 2-D, got {tuple(weight.shape)}")
+    want = (-(-weight.shape[0] // block[0]), -(-weight.shape[1] // block[1]))
+    if tuple(scale_inv.shape) != want:
+        raise ModelLoadError(source, f"tensor {name + SCALE_SUFFIX!r} has shape {tuple(scale_inv.shape)}, expected "
+                                     f"{want} for a {tuple(weight.shape)} weight in {block[0]}x{block[1]} blocks")
+
+
 def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype,
                name: str = "", source="") -> torch.Tensor:
     """W [out,in] float8 and scale_inv [ceil(out/bo), ceil(in/bi)] -> W * scale in `dtype`, one block row at a time."""
-    if weight.dim() != 2:
-        raise ModelLoadError(source, f"tensor {name!r}: a block-FP8 weight must be 2-D, got {tuple(weight.shape)}")
+    check_scale(weight, scale_inv, block, name, source)
     out_f, in_f = weight.shape
     bo, bi = block
-    want = (-(-out_f // bo), -(-in_f // bi))
-    if tuple(scale_inv.shape) != want:
-        raise ModelLoadError(source, f"tensor {name + SCALE_SUFFIX!r} has shape {tuple(scale_inv.shape)}, expected "
-                                     f"{want} for a {tuple(weight.shape)} weight in {bo}x{bi} blocks")
     result = torch.empty(out_f, in_f, dtype=dtype)
     scale = scale_inv.float()
-    for r in range(want[0]):                        # one row of blocks in float32 at a time
+    for r in range(scale.shape[0]):                 # one row of blocks in float32 at a time
         rows = slice(r * bo, min((r + 1) * bo, out_f))
         w = weight[rows].float() * scale[r].repeat_interleave(bi)[:in_f][None, :]
         result[rows] = w.to(dtype)

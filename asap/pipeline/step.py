@@ -58,6 +58,17 @@ class Finish:
 
 FINISH = Finish()
 Action = Attend | Dispatch | Wait | Finish
+_ACTIONS: dict[tuple[int, int], tuple] = {}     # (k, layers) -> the Attend, Dispatch, Wait of every (layer, mb)
+
+
+def _actions(k: int, num_layers: int) -> tuple:
+    """Each action object made once per step shape, not once per next() (the simulator asks millions of times)."""
+    out = _ACTIONS.get((k, num_layers))
+    if out is None:
+        cells = [divmod(c, k) for c in range(k * num_layers)]     # index c = layer * k + mb
+        out = _ACTIONS[(k, num_layers)] = tuple(tuple(kind(mb, layer) for layer, mb in cells)
+                                                for kind in (Attend, Dispatch, Wait))
+    return out
 
 
 class StepPipeline:
@@ -68,8 +79,10 @@ class StepPipeline:
             raise ValueError("a model needs >= 1 layer")
         self.k, self.moe = num_microbatches, tuple(bool(m) for m in moe_layers)
         self.num_layers = len(self.moe)
-        self._cursor = 0                        # next (layer, mb) to attend, layer-major
-        self._to_dispatch: tuple[int, int] | None = None
+        self._attends, self._dispatches, self._waits = _actions(self.k, self.num_layers)
+        self._end = self.k * self.num_layers
+        self._cursor = 0                        # next (layer, mb) to attend, layer-major: layer * k + mb
+        self._to_dispatch: int | None = None    # layer * k + mb of the attended MoE layer to dispatch
         self._in_flight: dict[int, int] = {}    # mb -> layer dispatched, combine not back yet
         self._sent_at: dict[int, float] = {}
         self.finished = False
@@ -81,27 +94,32 @@ class StepPipeline:
         if self.finished:
             raise RuntimeError("the step has finished")
         if self._to_dispatch is not None:
-            return Dispatch(*self._to_dispatch)
-        if self._cursor == self.k * self.num_layers:
-            if self._in_flight:
-                mb = min(self._in_flight, key=lambda i: (self._in_flight[i], i))
-                return Wait(mb, self._in_flight[mb])
+            return self._dispatches[self._to_dispatch]
+        k, c, in_flight = self.k, self._cursor, self._in_flight
+        if c == self._end:
+            if in_flight:
+                mb = min(in_flight, key=lambda i: (in_flight[i], i))
+                return self._waits[in_flight[mb] * k + mb]
             return FINISH
-        layer, mb = divmod(self._cursor, self.k)
-        if mb in self._in_flight:
-            return Wait(mb, self._in_flight[mb])
-        return Attend(mb, layer)
+        mb = c % k
+        if mb in in_flight:
+            return self._waits[in_flight[mb] * k + mb]
+        return self._attends[c]
 
     def attended(self, mb: int, layer: int, seconds: float = 0.0) -> None:
-        self._expect(Attend(mb, layer))
+        want = self.next()
+        if type(want) is not Attend or want.mb != mb or want.layer != layer:
+            self._refuse(Attend(mb, layer), want)
         self._cursor += 1
         self.attn_s += seconds
         self.num_attn += 1
         if self.moe[layer]:
-            self._to_dispatch = (mb, layer)
+            self._to_dispatch = layer * self.k + mb
 
     def dispatched(self, mb: int, layer: int, now: float = 0.0) -> None:
-        self._expect(Dispatch(mb, layer))
+        want = self.next()
+        if type(want) is not Dispatch or want.mb != mb or want.layer != layer:
+            self._refuse(Dispatch(mb, layer), want)
         self._to_dispatch = None
         self._in_flight[mb] = layer
         self._sent_at[mb] = now
@@ -126,7 +144,11 @@ class StepPipeline:
     def _expect(self, action: Action) -> None:
         want = self.next()
         if want != action:
-            raise RuntimeError(f"step pipeline: the driver did {action}, the pipeline expected {want}")
+            self._refuse(action, want)
+
+    @staticmethod
+    def _refuse(action: Action, want: Action) -> None:
+        raise RuntimeError(f"step pipeline: the driver did {action}, the pipeline expected {want}")
 
 
 class StepDriver(Protocol):
