@@ -121,15 +121,49 @@ def test_replica_keeps_prompts_and_routing_counts_on_the_compute_device(tiny):
     assert replica.routing.device == META
 
 
-def test_spans_wait_for_the_device_at_both_edges():
-    """On a GPU a span must end when its kernels do: the worker sets spans.sync = compute.synchronize."""
+class _FakeEvent:
+    """A CUDA event stand-in: `now` is the device's clock in ms; an event is done once the device passed it."""
+    now, done_until, recorded = 0.0, 0.0, []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self):
+        self.t = _FakeEvent.now
+        _FakeEvent.recorded.append(self)
+
+    def query(self):
+        return self.t <= _FakeEvent.done_until
+
+    def synchronize(self):
+        _FakeEvent.done_until = max(_FakeEvent.done_until, self.t)
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_spans_time_the_device_with_events_and_never_wait_in_the_loop():
+    """On a GPU a span covers its kernels (CUDA events at its edges) without a sync per span: the events
+    are read when the loop flushes, only those already done unless forced."""
     from asap.workers.spans import SpanRecorder
     calls = []
-    rec = SpanRecorder("attention0")
-    rec.sync = lambda: calls.append(len(rec.pending))
+    rec = SpanRecorder("attention0", flush_every_s=0.0)
+    rec.sync, rec.event = lambda: calls.append("sync"), _FakeEvent
+    _FakeEvent.now = _FakeEvent.done_until = 0.0
     with rec.span("compute"):
-        calls.append("body")
-    assert calls == [0, "body", 0] and len(rec.pending) == 1      # before the start, after the body
+        _FakeEvent.now = 5.0                    # 5 ms of kernels queued
+    with rec.span("stall"):
+        _FakeEvent.now = 7.0
+    assert calls == [] and len(rec.pending) == 0
+    _FakeEvent.done_until = 5.0                 # the device finished the first span only
+    first = rec.take()
+    assert [k for k, _, _ in first] == ["compute"]
+    (_, s, e), = first
+    t_ref = rec._clock[0]
+    assert (s, e) == (t_ref, t_ref + 0.005)     # device time, mapped onto the monotonic clock
+    forced = rec.take(force=True)
+    assert [(k, round((b - a) * 1e3, 6)) for k, a, b in forced] == [("stall", 2.0)]
 
 
 # ---- CUDA ----

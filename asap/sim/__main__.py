@@ -18,18 +18,25 @@ from asap.sim.trace_export import write_trace
 
 def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
           hardware="cloudmatrix384", tokens_per_device_s: float = 4000.0, trace=TRACE) -> dict:
-    """Wall time of one run: the trace's first requests, offered at `tokens_per_device_s` per device."""
+    """Wall time of one run: the trace's first requests, offered at `tokens_per_device_s` per device.
+    cpu_s (this process's CPU time) is the figure to compare on a shared machine; ttft_sha256 is a hash of
+    every TTFT's bits, so two versions' runs can be checked for the same results."""
+    import hashlib
+    import struct
     import time
     base = trace_requests(trace, num_requests)
     rate = devices * tokens_per_device_s / (sum(r.num_tokens for r in base) / len(base))
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     res = run(at_rate(base, rate), engine, model, hardware, devices)
-    total = time.perf_counter() - t
+    total, cpu = time.perf_counter() - t, time.process_time() - cpu
+    ttfts = [float("nan") if r.ttft is None else r.ttft for r in res.results]
+    digest = hashlib.sha256(struct.pack(f"<{len(ttfts)}d", *ttfts)).hexdigest()[:16]
     out = {"engine": engine, "devices": devices, "num_requests": len(base), "rate": rate, "num_events": res.num_events,
-           "loop_s": res.wall_s, "total_s": total, "events_per_s": res.events_per_s,
-           "attention_workers": res.attention_workers}
+           "loop_s": res.wall_s, "total_s": total, "cpu_s": cpu, "events_per_s": res.events_per_s,
+           "attention_workers": res.attention_workers, "ttft_sha256": digest}
     print(f"[SIMULATED] {engine} {model} x{devices} {hardware}: {len(base)} requests, {res.num_events} events in "
-          f"{res.wall_s:.1f} s loop / {total:.1f} s total -> {res.events_per_s:.0f} events/s")
+          f"{res.wall_s:.1f} s loop / {total:.1f} s total ({cpu:.1f} s CPU) -> {res.events_per_s:.0f} events/s; "
+          f"TTFTs sha256 {digest}")
     return out
 
 

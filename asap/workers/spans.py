@@ -3,6 +3,11 @@
 Bounded: spans wait in a ring of `capacity` entries until the loop flushes them
 to the engine; if nobody flushes for that long the oldest are dropped (and
 counted), so a long-lived worker never grows without bound.
+
+On a GPU a span must cover its kernels, not their launches, yet must not wait
+for them: its edges are CUDA events recorded on the current stream, turned into
+monotonic times when the loop flushes (only events that have completed, unless
+forced), so timing adds no host sync to the layer loop.
 """
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
+
+import torch
 
 KINDS = ("compute", "stall", "idle")
 
@@ -22,19 +29,48 @@ class SpanRecorder:
         self.pending: deque[tuple[str, float, float]] = deque(maxlen=capacity)
         self.num_dropped = 0
         self._last_flush = time.monotonic()
-        self.sync = None     # compute.synchronize on a GPU: a span then ends when its kernels do, not their launches
+        # Set on a GPU (to compute.synchronize, asap.workers.main): spans are then timed with CUDA events
+        # (`event`, a torch.cuda.Event-like class) and never call it in the loop.
+        self.sync = None
+        self.event = None if not torch.cuda.is_available() else torch.cuda.Event
+        self._open: deque[tuple[str, object, object]] = deque()   # device spans whose end may not have run yet
+        self._clock = None                                         # (monotonic time, event recorded then)
 
     @contextmanager
     def span(self, kind: str):
-        if self.sync is not None:
-            self.sync()
+        if self.sync is not None and self.event is not None:
+            start = self._mark()
+            try:
+                yield
+            finally:
+                self._open.append((kind, start, self._mark()))
+                if len(self._open) > self.pending.maxlen:      # nobody flushes: stay bounded
+                    self._resolve(force=True)
+            return
         t0 = time.monotonic()
         try:
             yield
         finally:
-            if self.sync is not None:
-                self.sync()
             self.add(kind, t0, time.monotonic())
+
+    def _mark(self):
+        ev = self.event(enable_timing=True)
+        ev.record()
+        if self._clock is None:          # the device-to-monotonic reference, taken once
+            ev.synchronize()
+            self._clock = (time.monotonic(), ev)
+        return ev
+
+    def _resolve(self, force: bool) -> None:
+        """Move device spans whose end event has run into `pending`, in order, as monotonic times."""
+        t_ref, ref = self._clock or (0.0, None)
+        while self._open:
+            kind, start, end = self._open[0]
+            if not force and not end.query():
+                break
+            end.synchronize()
+            self._open.popleft()
+            self.add(kind, t_ref + ref.elapsed_time(start) / 1e3, t_ref + ref.elapsed_time(end) / 1e3)
 
     def add(self, kind: str, start: float, end: float) -> None:
         if end > start:
@@ -46,6 +82,7 @@ class SpanRecorder:
                 self.pending.append((kind, start, end))
 
     def take(self, force: bool = False) -> list | None:
+        self._resolve(force)
         now = time.monotonic()
         if not self.pending or (not force and now - self._last_flush < self.flush_every_s):
             return None
