@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load
 
 from asap.server.admission import Admission
-from asap.server.kv_store import KVStore, encode, kv_tensors
+from asap.server.kv_store import KVStore, encode, kv_tensors, stream_chunks, stream_size
 
 
 class Clock:
@@ -19,15 +19,40 @@ def cache(nbytes: int) -> dict:
     return {"layers.0.kv_latent": torch.zeros(nbytes // 4)}
 
 
-def test_claim_returns_safetensors_once():
+def test_claim_streams_safetensors_once_and_counts_it_until_released():
     kv = [{"kv_latent": torch.randn(5, 4), "k_rope": torch.randn(5, 2)}, {"kv_latent": torch.randn(5, 4),
                                                                             "k_rope": torch.randn(5, 2)}]
     store = KVStore(1 << 20, ttl_s=10)
     handle = store.put(kv_tensors(kv), {"num_tokens": "5"})
-    tensors = load(encode(store.take(handle)))
+    entry = store.take(handle)
+    pieces = list(stream_chunks(entry, chunk_bytes=16))     # many pieces: none holds the whole file
+    data = b"".join(pieces)
+    assert len(data) == stream_size(entry) and max(map(len, pieces[1:])) <= 16
+    tensors = load(data)
     assert sorted(tensors) == ["layers.0.k_rope", "layers.0.kv_latent", "layers.1.k_rope", "layers.1.kv_latent"]
     assert torch.equal(tensors["layers.1.kv_latent"], kv[1]["kv_latent"])
-    assert store.take(handle) is None and store.num_bytes == 0
+    assert load(encode(entry)).keys() == tensors.keys()      # the same file safetensors writes, tensor for tensor
+    assert store.take(handle) is None and store.num_bytes == 240     # claimed, still counted while being read
+    store.release(handle)
+    assert store.num_bytes == 0
+
+
+def test_streamed_bfloat16_cache_loads_bit_for_bit():
+    t = torch.randn(7, 3).to(torch.bfloat16)
+    store = KVStore(1 << 20, ttl_s=10)
+    entry = store.take(store.put({"layers.0.k": t}, {}))
+    assert torch.equal(load(b"".join(stream_chunks(entry, 8)))["layers.0.k"], t)
+
+
+def test_a_cache_being_read_is_never_evicted_and_new_ones_must_fit_beside_it():
+    store = KVStore(1000, ttl_s=60)
+    reading = store.put(cache(600), {})
+    store.take(reading)
+    assert store.put(cache(600), {}) is None           # 600 + 600 > 1000 even with nothing unclaimed left
+    small = store.put(cache(400), {})
+    assert small is not None and store.num_bytes == 1000
+    store.release(reading)
+    assert store.put(cache(700), {}) is not None and store.take(small) is None    # the oldest unclaimed went
 
 
 def test_views_are_copied_so_their_bytes_are_counted():

@@ -1,25 +1,30 @@
 """The FastAPI app: HTTP routes over a PrefillService (service.py). Endpoints and shapes: README.md here.
 
 Every error, ours or the framework's (unknown route, wrong method), has the OpenAI shape
-{"error": {"message", "type", "param", "code"}}. Handlers only do I/O: parsing, tokenising, sampling
-and KV encoding run in the service's thread pool.
+{"error": {"message", "type", "param", "code"}}. Handlers only do I/O: parsing, tokenising, sampling,
+building and encoding answers run in the service's thread pool. A completion whose client hangs up
+before its answer is cancelled (service.handle, streams.Stream). No URL is built from the request's Host
+header: KV URLs come from --public-url, and a trailing slash is a 404, not a redirect that echoes Host.
+/docs, /redoc and /openapi.json exist only with --enable-docs.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 import asap
-from asap.server.auth import ApiKeyMiddleware
+from asap.server.auth import ApiKeyMiddleware, authorized
 from asap.server.config import ServerConfig
 from asap.server.protocol import ApiError, SafeJSONResponse
 from asap.server.service import PrefillService
 from asap.server.sse import HEADERS
+from asap.server.streams import Stream, until_disconnect
 from asap.server.tokens import detokenize, tokenize
 
 
@@ -40,18 +45,39 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastAPI:
-    service = PrefillService(llm, cfg, model_name, tokenizer)
+async def _unless_disconnected(work, request: Request):
+    """Await `work`; cancel it if the client hangs up first (-> None)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone) if not task.done() else (gone,):
+            t.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+    if not task.done():
+        await asyncio.gather(task, return_exceptions=True)      # its clean-up: cancel the engine's work
+        return None
+    return task.result()
+
+
+def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None, public_url: str = "") -> FastAPI:
+    """public_url: the address kv_url names (default: cfg.public_url, else cfg.host:cfg.port)."""
+    service = PrefillService(llm, cfg, model_name, tokenizer, public_url)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.supervisor.start()
+        sweeper = asyncio.get_running_loop().create_task(service.sweep_kv())
         yield
+        sweeper.cancel()
         service.cut_off()
         await service.supervisor.stop()
         service.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="ASAP prefill server", lifespan=lifespan, default_response_class=SafeJSONResponse)
+    docs = {} if cfg.enable_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="ASAP prefill server", lifespan=lifespan, default_response_class=SafeJSONResponse,
+                  redirect_slashes=False, **docs)
     app.state.service = service
     api_key = cfg.api_key or os.environ.get("ASAP_API_KEY", "")
     if api_key:
@@ -81,10 +107,12 @@ def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastA
             raise
 
     async def answer(kind: str, request: Request):
-        result = await service.handle(kind, await body_of(request), str(request.base_url))
-        if isinstance(result, dict):
-            return SafeJSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream", headers=HEADERS)
+        result = await _unless_disconnected(service.handle(kind, await body_of(request)), request)
+        if result is None:              # the client is gone: nobody reads this
+            return Response(status_code=499)
+        if isinstance(result, bytes):
+            return Response(result, media_type="application/json")
+        return Stream(result, "text/event-stream", HEADERS)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -104,13 +132,11 @@ def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None) -> FastA
 
     @app.get("/v1/kv/{handle}")
     async def claim_kv(handle: str):
-        chunks, size = await service.claim_kv(handle)
-        return StreamingResponse(chunks, media_type="application/octet-stream",     # a sync iterator: sent
-                                 headers={"Content-Length": str(size)})               # from a worker thread
+        return service.claim_kv(handle)
 
     @app.get("/health")
-    async def health():
-        body = service.health()
+    async def health(request: Request):
+        body = service.health(full=not api_key or authorized(request.headers.get("authorization", ""), api_key))
         return SafeJSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     def model_card() -> dict:

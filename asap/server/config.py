@@ -23,6 +23,13 @@ class ServerConfig:
                                "after its prefill if nobody pulls it")
     kv_max_mb: float = _f(1024.0, "memory for unclaimed KV caches; past it the oldest are evicted")
     max_body_kb: int = _f(1024, "largest accepted request body (413 beyond)")
+    max_response_mb: float = _f(32.0, "largest response body: a request whose answer would be bigger (n x "
+                                      "logprobs x echo x prompts) gets 400 naming this limit, before any work")
+    public_url: str = _f("", "the server's URL as decode instances reach it, used in kv_transfer_params.kv_url "
+                             "(default: the address it listens on; never taken from a request's Host header)")
+    kv_write_timeout_s: float = _f(30.0, "a client pulling a KV cache must take each 1 MiB of it within this "
+                                         "long, or the connection is closed and the cache freed")
+    enable_docs: bool = _f(False, "serve the interactive API docs (/docs, /redoc) and /openapi.json")
     auto_restart: bool = _f(True, "restart the workers when one dies")
     shutdown_timeout_s: float = _f(30.0, "on SIGTERM/SIGINT, wait this long for requests in flight")
     metrics_window_s: float = _f(10.0, "per-worker busy/stall gauges cover the last this-many seconds")
@@ -37,10 +44,14 @@ class ServerConfig:
         for name in ("max_pending", "max_body_kb", "parse_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "kv_ttl_s", "shutdown_timeout_s", "metrics_window_s"):
+        for name in ("request_timeout_s", "kv_ttl_s", "shutdown_timeout_s", "metrics_window_s", "max_response_mb",
+                     "kv_write_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.kv_max_mb < 0:
             raise ValueError(f"kv_max_mb must be >= 0, got {self.kv_max_mb}")
+        if self.public_url and not (self.public_url.startswith(("http://", "https://"))
+                                    and self.public_url.split("://", 1)[1].strip("/")):
+            raise ValueError(f"public_url must be an http(s) URL such as http://10.0.0.5:8000, got {self.public_url!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")

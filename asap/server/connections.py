@@ -10,7 +10,8 @@ Deadlines are totals, not idle timers: trickling a byte a second does not extend
 
 ShutdownGuard (ASGI): past --shutdown-timeout-s uvicorn cancels the requests still running; they
 answer 503 JSON (OpenAI's error shape, Retry-After) instead of a plain-text 500 and a CancelledError
-traceback. A client that went away mid-body is no error of ours: no traceback either.
+traceback. A client that went away mid-body, or stopped reading a KV pull (streams.SlowClient), is no
+error of ours: no traceback either (uvicorn closes the connection).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from asap.config import _f
 from asap.server.protocol import ApiError, dumps
+from asap.server.streams import SlowClient
 
 log = logging.getLogger("asap.server")
 
@@ -141,3 +143,5 @@ class ShutdownGuard:
                 await send({"type": "http.response.body", "body": dumps(e.body()).encode()})
         except ClientDisconnect:
             pass
+        except SlowClient as e:
+            log.info("abandoned a response to %s: %s", scope.get("client"), e)

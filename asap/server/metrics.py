@@ -19,8 +19,9 @@ disable_created_metrics()          # as vLLM does: no *_created series beside ev
 
 # ok: 200; invalid: 4xx; rejected: 503, admission full (server's max_pending, or the engine's max_queue or
 # SLO admission); unavailable: 503, engine unhealthy or shutting down;
-# failed: 5xx, the engine failed an admitted request; timeout: 504.
-OUTCOMES = ("ok", "invalid", "rejected", "unavailable", "failed", "timeout")
+# failed: 5xx, the engine failed an admitted request; timeout: 504 (the engine's work is cancelled);
+# aborted: the client hung up before its answer was complete (the engine's work is cancelled).
+OUTCOMES = ("ok", "invalid", "rejected", "unavailable", "failed", "timeout", "aborted")
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)          # vLLM's
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -79,6 +80,7 @@ class ServerMetrics:
         self.success = Counter("asap:request_success", "successful requests by finish reason",
                                label + ["finished_reason"], registry=r)
         self.success.labels(model_name, "length")
+        self.success.labels(model_name, "abort")     # as vLLM counts a request its client abandoned
         self.prompt_tokens = Counter("asap:prompt_tokens", "prefilled prompt tokens", label, registry=r)
         self.ttft = Histogram("asap:time_to_first_token_seconds", "arrival at the server to first token, per prompt",
                               label, buckets=TTFT_BUCKETS, registry=r)
@@ -100,6 +102,8 @@ class ServerMetrics:
 
     def finish(self, outcome: str, arrival: float, prompt_tokens: int) -> None:
         self.count(outcome)
+        if outcome == "aborted":
+            self.success.labels(self.model, "abort").inc()
         if outcome == "ok":
             self.success.labels(self.model, "length").inc()
             self.prompt_tokens.labels(self.model).inc(prompt_tokens)

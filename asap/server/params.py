@@ -7,6 +7,7 @@ generation_config.json sets them. Unknown fields are ignored, as vLLM does.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from asap.server.protocol import ApiError, is_int
 
 MAX_LOGPROBS = 20                       # vLLM's default --max-logprobs
 MAX_N = 128
+# Sampling runs in float32: a positive value below its smallest normal number (top_p 1e-300, min_p 1e-45)
+# would round to 0 there or lose all precision, and empty the distribution. Refused with a 400 instead.
+FLOAT32_TINY = 1.1754943508222875e-38
 
 # No-ops when at most one token is generated (the stop condition is the token budget itself).
 NO_OPS = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
@@ -68,7 +72,7 @@ def field(req, name, kind, default, check=None, why=""):
     if value is None:
         return default
     ok = is_int(value) if kind is int else (isinstance(value, bool) if kind is bool else
-                                           (is_int(value) or type(value) is float))
+                                           (is_int(value) or (type(value) is float and math.isfinite(value))))
     if not ok or (check is not None and not check(value)):
         raise ApiError(400, f"`{name}` must be {why or kind.__name__}", param=name)
     return value
@@ -84,9 +88,11 @@ def refuse_unhonourable(req: dict, extra: dict | None = None) -> None:
 
 def parse_sampling(req: dict, defaults: dict) -> Sampling:
     t = field(req, "temperature", float, defaults.get("temperature", 1.0), lambda v: 0 <= v <= 100, "a number >= 0")
-    top_p = field(req, "top_p", float, defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "a number in (0, 1]")
+    top_p = field(req, "top_p", float, defaults.get("top_p", 1.0), lambda v: FLOAT32_TINY <= v <= 1,
+                  f"a number in [{FLOAT32_TINY:.4g}, 1] (float32)")
     top_k = field(req, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "-1, 0 (off) or a positive int")
-    min_p = field(req, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    min_p = field(req, "min_p", float, 0.0, lambda v: v == 0 or FLOAT32_TINY <= v <= 1,
+                  f"0 or a number in [{FLOAT32_TINY:.4g}, 1] (float32)")
     seed = field(req, "seed", int, None, lambda v: -2**63 <= v < 2**64, "a 64-bit integer")
     bias = req.get("logit_bias")
     if bias is not None:
@@ -94,8 +100,10 @@ def parse_sampling(req: dict, defaults: dict) -> Sampling:
             bias = {int(k): float(v) for k, v in bias.items()}
             if any(type(v) not in (int, float) for v in req["logit_bias"].values()):
                 raise TypeError
+            if not all(math.isfinite(v) for v in bias.values()):     # JSON parsing accepts NaN and Infinity
+                raise ValueError
         except (AttributeError, TypeError, ValueError, OverflowError):
-            raise ApiError(400, "`logit_bias` must map token ids to numbers", param="logit_bias") from None
+            raise ApiError(400, "`logit_bias` must map token ids to finite numbers", param="logit_bias") from None
     return Sampling(float(t), float(top_p), max(int(top_k), 0), float(min_p), seed, bias or None)
 
 

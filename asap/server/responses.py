@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from asap.server.protocol import finite
+from asap.server.protocol import ApiError, dumps, finite
+
+# Response-size estimate, in JSON bytes (checked against --max-response-mb before any work; the encoded
+# body is checked again after). A token's text is taken as TOKEN_JSON bytes: a typical BPE token is 3-5
+# characters, "token_id:N" without a tokenizer about 12; the encoded check catches a longer average.
+TOKEN_JSON = 12
+CHOICE_JSON = 300                       # id, index, finish_reason, an empty logprobs, ...
+LOGPROB_JSON = 24                       # a float as JSON, its separator
 
 
 @dataclass
@@ -75,6 +82,28 @@ def chat_logprobs(entries: list[TokenLogprob], tokenizer) -> dict:
                         for e in entries]}
 
 
+def estimated_bytes(job) -> int:
+    """The answer's size before it is built: prompts x n choices, each with its echo and logprobs."""
+    k = job.logprobs
+    total = 0
+    for prompt, text in zip(job.prompts, job.texts):
+        one = CHOICE_JSON + TOKEN_JSON
+        positions = 1 if job.common.max_tokens else 0
+        if job.echo:
+            one += len(dumps(text)) if text is not None else TOKEN_JSON * len(prompt)
+            positions += len(prompt)
+        if k is not None:               # a token, its logprob, its offset, then k + 1 (token, logprob) pairs
+            one += positions * (TOKEN_JSON + 2 * LOGPROB_JSON + (k + 1) * (TOKEN_JSON + LOGPROB_JSON))
+        total += job.common.n * one
+    return total
+
+
+def too_big(num_bytes: int, limit: int, measured: bool = False) -> ApiError:
+    return ApiError(400, f"the response would be {'' if measured else 'about '}{num_bytes / 2**20:.1f} MB, over "
+                         f"--max-response-mb={limit / 2**20:g}: ask for fewer choices (n), fewer logprobs, no echo, "
+                         "or fewer prompts per request", param="n")
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -110,12 +139,15 @@ def body(kind: str, rid: str, model: str, choices: list[Choice], tokenizer, use:
 
 
 def chunk(kind: str, rid: str, model: str, choices: list[Choice], tokenizer, use: dict | None,
-          with_usage: bool) -> dict:
-    """One stream chunk: one choice's token, or (choices=[]) the final usage chunk."""
+          with_usage: bool, kv_transfer_params: dict | None = None) -> dict:
+    """One stream chunk: one choice's token, or (choices=[]) the final usage chunk. The last chunk before
+    [DONE] carries kv_transfer_params when the request kept its KV (as vLLM streams the hand-off)."""
     made = [_completion_choice(c, tokenizer) if kind == "completion" else _chat_choice(c, tokenizer, True)
             for c in choices]
     out = {"id": rid, "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
            "created": int(time.time()), "model": model, "choices": made}
     if with_usage:
         out["usage"] = use
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = kv_transfer_params
     return out

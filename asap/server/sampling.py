@@ -2,6 +2,9 @@
 
 Greedy at temperature 0; otherwise temperature, then top-k, top-p and min-p filtering, as vLLM
 applies them. A seed makes the draw reproducible: one generator per prompt, seeded with it.
+params.py refuses the values that could empty the distribution (non-finite numbers, top_p / min_p below
+float32's range); should the filtered distribution still hold no mass (logits that are all -inf or NaN),
+the draw falls back to the most likely token rather than let torch.multinomial raise.
 """
 from __future__ import annotations
 
@@ -32,5 +35,8 @@ def sample(logits: torch.Tensor, params: Sampling, n: int) -> list[int]:
         probs = probs.scatter(0, order[drop], 0.0)
     if params.min_p > 0:
         probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    total = float(probs.sum())
+    if not (total > 0 and total != float("inf")):             # NaN too: nothing left to draw from
+        return [int(torch.nan_to_num(logits, nan=-float("inf")).argmax())] * n
     gen = torch.Generator().manual_seed((params.seed if params.seed is not None else secrets.randbits(63)) % 2**64)
     return torch.multinomial(probs, n, replacement=True, generator=gen).tolist()

@@ -59,13 +59,14 @@ def serve(model: str, cfg: ServerConfig, runtime: RuntimeConfig, limits: Connect
     llm = asap.LLM(model, engine=cfg.engine, dtype=cfg.dtype, device=cfg.device, **engine_kwargs)
     try:
         name = cfg.served_model_name or model
-        app = create_app(llm, cfg, name, load_tokenizer(llm.model_dir))
         sock = _listen(cfg.host, cfg.port)
         host, port = sock.getsockname()[:2]
+        bound = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        app = create_app(llm, cfg, name, load_tokenizer(llm.model_dir), public_url=cfg.public_url or bound)
         config = uvicorn.Config(ShutdownGuard(app), log_level=cfg.log_level, access_log=cfg.access_log,
                                 timeout_graceful_shutdown=cfg.shutdown_timeout_s,
                                 timeout_keep_alive=limits.keep_alive_s, http=guarded_protocol(limits))
-        print(f"asap serve: {name} on the {cfg.engine} engine, listening on http://{host}:{port}", flush=True)
+        print(f"asap serve: {name} on the {cfg.engine} engine, listening on {bound}", flush=True)
         with _exit_zero_on_signal():
             _Server(app.state.service.supervisor, config).run(sockets=[sock])
     finally:

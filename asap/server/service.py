@@ -1,10 +1,13 @@
 """The request path of /v1/completions and /v1/chat/completions, and the server's live state.
 
-parse + tokenise (thread pool; 4xx) -> engine healthy? (503) -> an admission slot per prompt (503 +
-Retry-After) -> llm.submit each prompt (prefilled concurrently) -> await the engine (504 past
-request_timeout_s; 503/500 if the engine fails) -> sample the first token(s) in the thread pool ->
-keep the KV only when kv_transfer_params asks -> one body, or SSE chunks as each prompt finishes.
-The event loop only does I/O. Every request is counted once, by outcome.
+parse + tokenise + size the answer (thread pool; 4xx, 400 past --max-response-mb) -> engine healthy?
+(503) -> an admission slot per prompt (503 + Retry-After) -> llm.submit each prompt (prefilled
+concurrently) -> await the engine (504 past request_timeout_s; 503/500 if the engine fails) -> keep the KV
+only when kv_transfer_params asks -> sample, build and JSON-encode the answer in the thread pool -> one
+body, or SSE chunks as each prompt finishes (the KV hand-off in the last one).
+The event loop only does I/O. A request that ends early (client gone: "aborted"; 504; an error) cancels
+the engine futures it still waits on, which aborts that work in the engine. Every request is counted
+once, by outcome.
 """
 from __future__ import annotations
 
@@ -19,13 +22,14 @@ from asap.server import responses as R
 from asap.server.admission import Admission
 from asap.server.chat import load_chat_template
 from asap.server.config import ServerConfig
-from asap.server.kv_store import KVStore, encode, kv_metadata, kv_tensors, transfer_params
+from asap.server.kv_store import KVStore, kv_metadata, kv_tensors, stream_chunks, stream_size, transfer_params
 from asap.server.metrics import ServerMetrics
 from asap.server.params import generation_defaults
-from asap.server.protocol import ApiError
+from asap.server.protocol import ApiError, dumps
 from asap.server.requests import Context, Job, parse_chat, parse_completion
 from asap.server.sampling import sample
 from asap.server.sse import DONE, error_event, event
+from asap.server.streams import Stream
 from asap.server.supervisor import Supervisor
 from asap.server.tokens import text_byte_cap
 
@@ -36,7 +40,7 @@ def _follow(future):
     """An asyncio future that takes the engine future's outcome unless it was answered first (cut_off).
 
     Not asyncio.wrap_future: a wrapped future must not be completed by anyone else (asyncio asserts when the
-    engine's result arrives later), and cancelling it would cancel the engine's own future."""
+    engine's result arrives later). The engine's future is cancelled explicitly (PrefillService._abandon)."""
     loop = asyncio.get_running_loop()
     wait = loop.create_future()
 
@@ -61,8 +65,11 @@ def _follow(future):
 
 
 class PrefillService:
-    def __init__(self, llm, cfg: ServerConfig, model_name: str, tokenizer=None):
+    def __init__(self, llm, cfg: ServerConfig, model_name: str, tokenizer=None, public_url: str = ""):
         self.llm, self.cfg, self.model_name, self.tokenizer = llm, cfg, model_name, tokenizer
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        self.public_url = (public_url or cfg.public_url or f"http://{host}:{cfg.port}").rstrip("/")
+        self.max_response_bytes = int(cfg.max_response_mb * 2**20)
         self.admission = Admission(cfg.max_pending)
         self.kv_store = KVStore(int(cfg.kv_max_mb * 2**20), cfg.kv_ttl_s)
         self.supervisor = Supervisor(llm, cfg.auto_restart, span_window_s=cfg.metrics_window_s)
@@ -78,37 +85,59 @@ class PrefillService:
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    async def sweep_kv(self) -> None:
+        """Free expired KV caches on a timer, not only when the store is next touched."""
+        period = max(0.05, min(1.0, self.cfg.kv_ttl_s / 2))
+        while True:
+            await asyncio.sleep(period)
+            self.kv_store.sweep()
+
     # ---- the request path -----------------------------------------------------------------------
-    async def handle(self, kind: str, body: bytes, base_url: str):
-        """-> a response body (dict), or an async iterator of SSE bytes when the request streams."""
+    def _parse(self, kind: str, body: bytes) -> Job:
+        """In the thread pool: the Job, or 400 when its answer would be over --max-response-mb."""
+        job = (parse_completion if kind == "completion" else parse_chat)(body, self.ctx)
+        size = R.estimated_bytes(job)
+        if size > self.max_response_bytes:
+            raise R.too_big(size, self.max_response_bytes)
+        return job
+
+    async def handle(self, kind: str, body: bytes):
+        """-> the encoded response body (bytes), or an async iterator of SSE bytes when the request streams.
+        Cancelling the call (the client hung up) cancels the engine's work and counts the request aborted."""
         arrival = time.monotonic()
         try:
-            job = await self.off_loop(parse_completion if kind == "completion" else parse_chat, body, self.ctx)
-            waits = self._submit_all(job)
+            job = await self.off_loop(self._parse, kind, body)
+            futures, waits = self._submit_all(job)
         except ApiError as e:
             self.metrics.count(e.outcome)
             raise
+        except asyncio.CancelledError:
+            self.metrics.count("aborted")
+            raise
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
         if job.common.stream:
-            return self._stream(job, rid, waits, arrival)
+            return self._stream(job, rid, futures, waits, arrival)
         outcome = "failed"
         try:
             outs = await self._await_all(waits)
-            choices = []
-            for i, out in enumerate(outs):
+            for out in outs:
                 self.metrics.observe_first_token(out, arrival)
-                choices += await self.off_loop(self._choices, job, i, out)
-            kv = await self._keep_kv(job, outs[0], rid, base_url) if job.common.keep_kv else None
+            kv = await self._keep_kv(job, outs[0], rid) if job.common.keep_kv else None
+            data = await self.off_loop(self._encode, job, rid, outs, kv)
             outcome = "ok"
-            return R.body(kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)
+            return data
         except ApiError as e:
             outcome = e.outcome
             raise
+        except asyncio.CancelledError:
+            outcome = "aborted"
+            raise
         finally:
+            self._abandon(futures)
             self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
 
-    async def _stream(self, job: Job, rid: str, waits: list, arrival: float):
-        outcome = "failed"
+    async def _stream(self, job: Job, rid: str, futures: list, waits: list, arrival: float):
+        outcome, sent = "failed", 0
         try:
             pending = {w: i for i, w in enumerate(waits)}
             end = time.monotonic() + self.cfg.request_timeout_s
@@ -121,16 +150,23 @@ class PrefillService:
                     i = pending.pop(w)
                     out = self._result(w)
                     self.metrics.observe_first_token(out, arrival)
-                    for c in await self.off_loop(self._choices, job, i, out):
-                        yield event(R.chunk(job.kind, rid, self.model_name, [c], self.tokenizer, None,
-                                            job.common.include_usage))
+                    kv = await self._keep_kv(job, out, rid) if job.common.keep_kv else None   # one prompt then
+                    for data in await self.off_loop(self._events, job, rid, i, out, kv):
+                        sent += len(data)
+                        if sent > self.max_response_bytes:
+                            raise R.too_big(sent, self.max_response_bytes, measured=True)
+                        yield data
             if job.common.include_usage:
                 yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, self._usage(job), True))
             outcome = "ok"
         except ApiError as e:
             outcome = e.outcome
             yield error_event(e)
+        except (asyncio.CancelledError, GeneratorExit):     # the client went (streams.Stream cancels us)
+            outcome = "aborted"
+            raise
         finally:
+            self._abandon(futures)
             self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
         yield DONE
 
@@ -145,7 +181,8 @@ class PrefillService:
     def _closed(e: EngineClosed) -> ApiError:
         return ApiError(503, f"engine unavailable: {e}", kind="unavailable_error", headers=RETRY, outcome="unavailable")
 
-    def _submit_all(self, job: Job) -> list[asyncio.Future]:
+    def _submit_all(self, job: Job) -> tuple[list, list[asyncio.Future]]:
+        """-> (the engine's futures, the loop's futures following them)."""
         try:
             healthy = self.supervisor.healthy
         except EngineClosed as e:           # closed (shutting down, or by its owner): 503, never a 500
@@ -153,30 +190,41 @@ class PrefillService:
         if not healthy:
             raise ApiError(503, f"engine unhealthy: {self.supervisor.reason or self.supervisor.why()}",
                            kind="unavailable_error", headers=RETRY, outcome="unavailable")
-        waits = []
-        for ids in job.prompts:
-            if not self.admission.try_admit():
-                raise ApiError(503, f"overloaded: {self.admission.capacity} requests already pending; retry later",
-                               kind="overloaded_error", headers=RETRY, outcome="rejected")
-            try:
-                k = job.prompt_logprobs
-                future = self.llm.submit(ids) if k is None else self.llm.submit(ids, prompt_logprobs=k)
-            except EngineClosed as e:       # closed since the health check
-                self.admission.release()
-                raise self._closed(e) from None
-            except BaseException:
-                self.admission.release()
-                raise
-            future.add_done_callback(self.admission.release)      # the slot is held until the engine is done
-            wait = _follow(future)
-            wait.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved even if abandoned
-            self._waiting.add(wait)
-            wait.add_done_callback(self._waiting.discard)
-            waits.append(wait)
-        return waits
+        futures, waits = [], []
+        try:
+            for ids in job.prompts:
+                if not self.admission.try_admit():
+                    raise ApiError(503, f"overloaded: {self.admission.capacity} requests already pending; retry "
+                                        "later", kind="overloaded_error", headers=RETRY, outcome="rejected")
+                try:
+                    k = job.prompt_logprobs
+                    future = self.llm.submit(ids) if k is None else self.llm.submit(ids, prompt_logprobs=k)
+                except EngineClosed as e:       # closed since the health check
+                    self.admission.release()
+                    raise self._closed(e) from None
+                except BaseException:
+                    self.admission.release()
+                    raise
+                future.add_done_callback(self.admission.release)      # held until the engine is done (or aborted)
+                wait = _follow(future)
+                wait.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved even if abandoned
+                self._waiting.add(wait)
+                wait.add_done_callback(self._waiting.discard)
+                futures.append(future)
+                waits.append(wait)
+        except BaseException:
+            self._abandon(futures)          # a batch refused part-way: its admitted prompts are not run
+            raise
+        return futures, waits
+
+    @staticmethod
+    def _abandon(futures: list) -> None:
+        """Cancel the engine's work nobody will read (a no-op for the futures already answered)."""
+        for future in futures:
+            future.cancel()
 
     async def _await_all(self, waits: list) -> list:
-        done, _ = await asyncio.wait(waits, timeout=self.cfg.request_timeout_s)   # never cancels the engine's
+        done, _ = await asyncio.wait(waits, timeout=self.cfg.request_timeout_s)
         if len(done) < len(waits):
             raise self._timeout()
         return [self._result(w) for w in waits]
@@ -191,6 +239,9 @@ class PrefillService:
             return wait.result()
         except ApiError:
             raise
+        except asyncio.CancelledError:                        # its engine future was cancelled under it
+            raise ApiError(503, "request cancelled", kind="unavailable_error", headers=RETRY,
+                           outcome="unavailable") from None
         except (QueueFull, Rejected) as e:                    # the engine's own bounds (max_queue, SLO admission)
             raise ApiError(503, f"overloaded: {e}", kind="overloaded_error", headers=RETRY,
                            outcome="rejected") from None
@@ -228,34 +279,56 @@ class PrefillService:
             choices.append(R.Choice(i * n + j, generated, text, logprobs))
         return choices
 
+    def _encode(self, job: Job, rid: str, outs: list, kv: dict | None) -> bytes:
+        """The whole answer as JSON bytes; 400 if it is over --max-response-mb after all."""
+        choices = [c for i, out in enumerate(outs) for c in self._choices(job, i, out)]
+        data = dumps(R.body(job.kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)).encode()
+        if len(data) > self.max_response_bytes:
+            raise R.too_big(len(data), self.max_response_bytes, measured=True)
+        return data
+
+    def _events(self, job: Job, rid: str, i: int, out, kv: dict | None) -> list[bytes]:
+        """Prompt i's stream chunks, encoded; the KV hand-off rides on the last chunk before [DONE]."""
+        choices = self._choices(job, i, out)
+        last = len(choices) - 1 if kv is not None and not job.common.include_usage else -1
+        return [event(R.chunk(job.kind, rid, self.model_name, [c], self.tokenizer, None, job.common.include_usage,
+                              kv if j == last else None)) for j, c in enumerate(choices)]
+
     def _usage(self, job: Job) -> dict:
         return R.usage(sum(map(len, job.prompts)), len(job.prompts) * job.common.n * job.common.max_tokens)
 
-    async def _keep_kv(self, job: Job, out, rid: str, base_url: str) -> dict | None:
+    async def _keep_kv(self, job: Job, out, rid: str) -> dict | None:
         tensors = await self.off_loop(kv_tensors, out.kv)
         meta = kv_metadata(self.llm.cfg, self.model_name, rid, len(job.prompts[0]), out.first_token)
         handle = self.kv_store.put(tensors, meta)
         if handle is None:
             return None
-        return transfer_params(handle, base_url, self.engine_id, len(job.prompts[0]),
+        return transfer_params(handle, self.public_url, self.engine_id, len(job.prompts[0]),
                                sum(t.nbytes for t in tensors.values()), self.cfg.kv_ttl_s)
 
-    async def claim_kv(self, handle: str):
-        """-> an iterator of the cache's safetensors bytes; its encoding runs in the thread pool."""
+    def claim_kv(self, handle: str) -> Stream:
+        """The cache as a streamed safetensors file; it stays counted against --kv-max-mb until sent or
+        abandoned (the client went, or took no data for --kv-write-timeout-s)."""
         entry = self.kv_store.take(handle)
         if entry is None:
             raise ApiError(404, "no such KV cache: unknown, already claimed, expired or evicted",
                            kind="not_found_error")
-        data = await self.off_loop(encode, entry)
-        step = 1 << 20
-        return (data[i:i + step] for i in range(0, len(data), step)), len(data)
+
+        async def chunks():             # each piece is one 1 MiB copy: cheap enough for the loop
+            for piece in stream_chunks(entry):
+                yield piece
+        return Stream(chunks(), "application/octet-stream", {"content-length": str(stream_size(entry))},
+                      write_timeout_s=self.cfg.kv_write_timeout_s, on_close=lambda: self.kv_store.release(handle))
 
     # ---- live state -----------------------------------------------------------------------------
-    def health(self) -> dict:
+    def health(self, full: bool = True) -> dict:
+        """full=False (a caller without the API key): the status alone, no pids or failure reasons."""
         sup = self.supervisor
         ok = self._engine_healthy()
-        return {"status": "ok" if ok else "unhealthy" if sup.status == "ok" else sup.status,
-                "reason": "" if ok else sup.reason or sup.why(), "engine": self.llm.engine_name,
+        status = "ok" if ok else "unhealthy" if sup.status == "ok" else sup.status
+        if not full:
+            return {"status": status}
+        return {"status": status, "reason": "" if ok else sup.reason or sup.why(), "engine": self.llm.engine_name,
                 "model": self.model_name, "restarts": sup.num_restarts, "pending": self.admission.num_pending,
                 "workers": sup.workers()}
 
