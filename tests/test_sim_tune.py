@@ -2,10 +2,12 @@
 run as they say, and no maximum reported from a burst or a search that did not converge."""
 import pytest
 
+from asap.measure.metrics import RequestResult
+
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.scheduler.request import Request
 from asap.sim.run import run
-from asap.sim.tune import EngineConfig, space, tune
+from asap.sim.tune import EngineConfig, instance_sizes, space, tune
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")
@@ -22,13 +24,25 @@ def test_a_search_that_passes_up_to_the_burst_limit_reports_no_maximum():
     assert burst_limit(101, 2.0) == pytest.approx(5.0)      # 100 gaps over 10 x 2 s
 
 
-def test_both_spaces_hold_the_same_number_of_candidates():
+def test_the_spaces_hold_every_divisor_sized_instance_layout_an_operator_would_search():
     for devices in (32, 64):
         sync = space("sync", devices, "deepseek-v3", "cloudmatrix384")
         asyn = space("async", devices, "deepseek-v3", "cloudmatrix384", 12000)
-        assert len(sync) == len(asyn) == 8
-        assert {c.attention_tp for c in sync} == {1, 4, 8, 16} and {c.attention_tp for c in asyn} == {1, 4}
-        assert all(c.instances == devices // 32 for c in sync)
+        sizes = [s for s in range(1, devices + 1) if devices % s == 0 and s >= 16]   # 16: the experts' memory floor
+        for engine, cands in (("sync", sync), ("async", asyn)):
+            assert instance_sizes(devices, engine) == sizes
+            assert {devices // c.instances for c in cands} == set(sizes)
+            assert {c.token_budget for c in cands} == {4096, 8192, 16384, 32768}
+            assert {c.router for c in cands} == {"queue-aware", "round-robin"}
+        # every DP x TP layout of every instance size that fits in memory (TP1 on 16 dies does not)
+        layouts = {(devices // c.instances, c.attention_tp) for c in sync}
+        assert layouts == {(s, tp) for s in sizes for tp in (1, 4, 8, 16) if (s, tp) != (16, 1)}
+        assert {c.two_batch_overlap for c in sync} == {True, False}
+        assert {c.microbatches for c in asyn} == {1, 2, 3} and {c.attention_tp for c in asyn} == {1, 4, 8, 16}
+        # the outside finding's layout is in the space: 2 x [DP1 x TP16, EP16] with 16K chunks
+        assert EngineConfig("sync", 16, 16384, instances=devices // 16) in sync
+        primary = space("sync", devices, "deepseek-v3", "cloudmatrix384", full=False)
+        assert all(c.two_batch_overlap and c.router == "queue-aware" for c in primary)
 
 
 def test_instances_split_the_arrivals_and_serve_every_request():
@@ -47,7 +61,9 @@ def test_tune_returns_a_valid_best_and_its_table():
     for engine in ("sync", "async"):
         t = tune(reqs, engine, 4, **SMALL)
         assert t.best is not None and t.best.engine == engine and t.max_slo_rate > 0 and t.ttft_p90_s > 0
-        assert len(t.candidates) == len(space(engine, 4, **SMALL, prompt_len=2500))
+        primary = space(engine, 4, **SMALL, prompt_len=2500, full=False)
+        assert t.num_screened >= len(primary) and len(t.candidates) == t.num_screened    # every one screened
+        assert sum(c["coarse_rate"] is not None or c["coarse_reason"] != "screened out" for c in t.candidates) <= 3
         assert max(c["fine_rate"] or 0 for c in t.candidates) == t.max_slo_rate
     with pytest.raises(ValueError, match="deadlines"):
         tune([Request(0, 100)], "sync", 4, **SMALL)
@@ -83,10 +99,11 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
 
     def fake_run(requests, engine, model, hardware, devices, attention_workers=None, *, attention_tp, **kw):
         rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
-        return types.SimpleNamespace(results=[rate <= served[attention_tp] * (1 + 1e-9)], stats={})
+        ok = rate <= served[attention_tp] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(0, 0.0, 1000, 0.001 if ok else 9.0, deadline_s=2.0)],
+                                     stats={})
 
     monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "summarize", lambda res: {"slo_attainment": float(res[0]), "ttft_p90_ms": 1.0})
     cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
     t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
     assert t.best is None and t.max_slo_rate is None

@@ -1,19 +1,26 @@
 """One tuner for both engines (every figure SIMULATED): the best configuration of sync and of async for a
 model, hardware, workload, SLO and device count, found with the same search and the same budget.
 
-Configuration spaces (`space`), the knobs each engine has in deployment:
-- sync  (SGLang / vLLM DP-attention + EP): attention TP inside each DP group (1 / 4 / 8 / 16 where a node
-        holds it), the per-DP-group chunk (SGLang's chunked_prefill_size / dp_size; 4K or 16K tokens),
-        independent instances of INSTANCE_DEVICES devices at large N, two-batch overlap on, EPLB
-        redundant experts, queue-aware routing;
-- async (ASAP): attention TP per replica (1 / 4), the per-replica chunk (4K or 16K tokens), the A:E split
-        (the cost model's balance point, and 25% more attention replicas, or 20% fewer where memory is
-        full), 2 micro-batches.
-Both spaces hold the same number of candidates. Search: every candidate gets a coarse rate search
-(tol COARSE_TOL); the best REFINE get a fine one (tol FINE_TOL). A candidate's answer counts only if its
-search is valid (asap.measure.rate_search: converged, not a burst). Each candidate simulates the first n
-requests, n sized so the arrivals at its closed-batch capacity still span 10x the mean SLO budget
-(fewer requests where the burst rule allows); a search that hits the burst limit is rerun with 2n.
+Configuration spaces (`space`), the knobs an operator of each engine would search:
+- sync  (SGLang / vLLM DP-attention + EP): independent instances of any size that divides N and holds the
+        model; in each, attention TP inside a DP group (1 / 4 / 8 / 16, within a node) and EP over the
+        instance; the per-DP-group chunk (SGLang's chunked_prefill_size / dp_size: 4K / 8K / 16K / 32K);
+        two-batch overlap on / off; the queue-aware router or the peers' default (round-robin); EPLB
+        redundant experts;
+- async (ASAP): instances of any size that divides N, attention TP per replica (1 / 4 / 8 / 16), the
+        per-replica chunk (4K / 8K / 16K / 32K), the A:E split (the cost model's balance point, and 25% more
+        attention replicas, or 20% fewer where memory is full), micro-batch depth 1 / 2 / 3, the same routers.
+Search, the same rule and budget for both engines (the space is too large to rate-search every candidate):
+1. screen (`_screen`): every primary candidate (TBO on / k=2, queue-aware) is simulated at one rate on a
+   short sample, the passing ones again at 1.5x the rate while more than SCREEN_KEEP pass; then the
+   secondary variants (TBO / router / k) of the best SCREEN_KEEP are screened the same way;
+2. the best FINALISTS screened candidates get a coarse rate search (tol COARSE_TOL), the best REFINE of
+   them a fine one (tol FINE_TOL).
+A candidate's answer counts only if its search is valid (asap.measure.rate_search: converged, not a burst).
+Each candidate simulates the first n requests, n sized so the arrivals at its closed-batch capacity still
+span 10x the mean SLO budget (fewer requests where the burst rule allows); a search that hits the burst
+limit is rerun with 2n. `criterion="every-bucket"` makes the pass rule ">= target in every prompt-length
+bucket" (asap.measure.buckets) instead of ">= target of all requests".
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
@@ -23,17 +30,23 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from asap.measure.buckets import by_length, min_bucket_attainment
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
+from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.experiments import at_rate
-from asap.sim.memory import min_expert_workers
+from asap.sim.memory import check_memory, min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
 
-INSTANCE_DEVICES = 32       # a sync prefill instance at large N (DeepSeek's and SGLang's EP32 on 4 nodes)
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
+FINALISTS = 3               # screened candidates that get a rate search (REFINE of them a fine one)
+SCREEN_KEEP = 4             # primary candidates whose secondary variants are screened; and the pool a raise stops at
+SCREEN_STEP, SCREEN_ROUNDS = 1.5, 2     # the screen's rate raises
+SCREEN_MAX_RAISE = SCREEN_STEP ** SCREEN_ROUNDS
+CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment"}
 TARGET = 0.9
 
 
@@ -76,35 +89,87 @@ class EngineConfig:
                 f"/replica, k={self.microbatches}")
 
 
-def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384",
-          prompt_len: float = 4096) -> list[EngineConfig]:
-    """The candidate configurations of `engine` on `devices` devices (feasible ones only)."""
+SYNC_TP = (1, 4, 8, 16)                  # attention TP inside a DP group, within a node
+ASYNC_TP = (1, 4, 8, 16)                 # attention TP of an async replica, within a node
+CHUNKS = (4096, 8192, 16384, 32768)      # tokens per step of one DP group / replica
+# the peers' default DP router: SGLang's --load-balance-method round_robin (its DP controller's default);
+# vLLM's internal DP load balancing counts queued and running requests per rank, which the queue-aware
+# router refines with their work, so queue-aware stands for it
+ROUTERS = ("queue-aware", "round-robin")
+MICROBATCHES = (1, 2, 3)                 # async micro-batch depth
+
+
+def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
+    """Every instance size that divides `devices` and can hold the model (sync: the experts over the
+    instance plus attention on a DP group of the widest TP; async: the expert floor plus one replica)."""
     cfg, hw = get_model(model), get_hardware(hardware)
     out = []
-    if engine == "sync":
-        per = INSTANCE_DEVICES if devices > INSTANCE_DEVICES and devices % INSTANCE_DEVICES == 0 else devices
-        for tp in (1, 4, 8, 16):
-            for budget in (4096, 16384):
-                if per % tp or tp > hw.link.node_size:
-                    continue
-                out.append(EngineConfig("sync", tp, budget, instances=devices // per))
-        return out
-    if engine != "async":
-        raise ValueError(f"engine must be 'sync' or 'async', got {engine!r}")
-    e_min = min_expert_workers(cfg, hw)
-    for tp in (1, 4):
-        for budget in (4096, 16384):
-            try:
-                a0 = balanced_split(CostModel(cfg, hw, attn_tp=tp), devices, budget, 2, prompt_len)
-            except ValueError:
+    for size in range(1, devices + 1):
+        if devices % size:
+            continue
+        try:
+            if engine == "sync":
+                check_memory("sync", cfg, hw, size, size, max(tp for tp in SYNC_TP if size % tp == 0))
+            elif size <= min_expert_workers(cfg, hw):
                 continue
-            a_max = (devices - e_min) // tp
-            alt = max(a0 + 1, math.ceil(a0 * 1.25))          # more replicas, or fewer where memory says no
-            if alt > a_max:
-                alt = min(a0 - 1, math.floor(a0 * 0.8))
-            for a in sorted({a0, alt} if alt >= 1 else {a0}):
-                out.append(EngineConfig("async", tp, budget, attention_workers=a))
+        except ValueError:
+            continue
+        out.append(size)
     return out
+
+
+def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384",
+          prompt_len: float = 4096, full: bool = True) -> list[EngineConfig]:
+    """The candidate configurations of `engine` on `devices` devices (feasible ones only).
+
+    Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
+    async also its A:E split (the cost model's balance point, and 25% more replicas, or 20% fewer where
+    memory is full). Secondary knobs (full=True): sync two-batch overlap off and the round-robin router;
+    async micro-batch depth 1 / 3 and the round-robin router. The first candidate of each engine is its
+    default (TBO on / k=2, queue-aware)."""
+    cfg, hw = get_model(model), get_hardware(hardware)
+    if engine not in ("sync", "async"):
+        raise ValueError(f"engine must be 'sync' or 'async', got {engine!r}")
+    out = []
+    for size in instance_sizes(devices, engine, model, hardware):
+        inst = devices // size
+        if engine == "sync":
+            for tp in SYNC_TP:
+                if size % tp or tp > hw.link.node_size:
+                    continue
+                try:
+                    check_memory("sync", cfg, hw, size, size, tp)
+                except ValueError:
+                    continue
+                for budget in CHUNKS:
+                    out.append(EngineConfig("sync", tp, budget, instances=inst))
+            continue
+        e_min = min_expert_workers(cfg, hw)
+        for tp in ASYNC_TP:
+            if tp > hw.link.node_size or size - e_min < tp:
+                continue
+            for budget in CHUNKS:
+                try:
+                    a0 = balanced_split(CostModel(cfg, hw, attn_tp=tp), size, budget, 2, prompt_len)
+                except ValueError:
+                    continue
+                a_max = (size - e_min) // tp
+                alt = max(a0 + 1, math.ceil(a0 * 1.25))          # more replicas, or fewer where memory says no
+                if alt > a_max:
+                    alt = min(a0 - 1, math.floor(a0 * 0.8))
+                for a in sorted({a0, alt} if alt >= 1 else {a0}):
+                    out.append(EngineConfig("async", tp, budget, instances=inst, attention_workers=a))
+    if full:
+        out += [v for c in out for v in secondary(c)]
+    return out
+
+
+def secondary(c: EngineConfig) -> list[EngineConfig]:
+    """The variants of a primary candidate in its secondary knobs (TBO, router, micro-batch depth)."""
+    rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router]
+    if c.engine == "sync":
+        return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap)] + rr
+    return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr
 
 
 @dataclass
@@ -123,47 +188,75 @@ class Tuned:
     # no best: a candidate whose search is not valid passed at this rate, at or above the best certified maximum
     lower_bound: float | None = None
     lower_bound_config: EngineConfig | None = None  # the candidate that passed there
+    buckets: dict | None = None         # attainment per prompt-length bucket at the best rate (asap.measure.buckets)
+    criterion: str = "requests"
+    num_screened: int = 0               # candidates the screen simulated
 
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
          candidates: list[EngineConfig] | None = None, target: float = TARGET, zipf: float = 0.0,
          start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
-         prefix_cache: bool = False) -> Tuned:
+         prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
+         cache: dict | None = None) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
-    prefix_cache: every candidate (given or from `space`) runs with the prefix cache on."""
+    prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
+    criterion: "requests" (>= target of all requests within SLO) or "every-bucket" (>= target in every
+    prompt-length bucket, asap.measure.buckets).
+    screen: screen the candidates before the rate searches (default: when there are more than FINALISTS).
+    cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
+    key = CRITERIA[criterion]
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("tune needs requests with deadlines (asap.workload.slo.SLO.apply)")
-    prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
-    cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len)
+    prompt_len = token_weighted_length(requests)
+    cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len, full=False)
     if prefix_cache:
         cands = list(dict.fromkeys(dataclasses.replace(c, prefix_cache=True) for c in cands))
     if not cands:
         return Tuned(engine, devices, None, None, None, None, reason="no feasible configuration")
     sims = 0
-    cache: dict = {}
+    cache = {} if cache is None else cache
 
     def measure_for(c: EngineConfig, n: int):
         reqs = requests[:n]
 
         def measure(rate: float) -> dict:
             nonlocal sims
-            key = (c, n, round(rate, 9))
-            if key not in cache:
+            k = (engine, devices, c, n, round(rate, 9), zipf)
+            if k not in cache:
                 sims += 1
                 res = run(at_rate(reqs, rate), engine, model, hardware, devices, c.attention_workers,
                           zipf=zipf, **c.sim_kw())
-                cache[key] = summarize(res.results)
+                cache[k] = summarize(res.results)
+                cache[k]["buckets"] = by_length(res.results)
+                cache[k]["min_bucket_attainment"] = min_bucket_attainment(res.results)
                 if "prefix_cache" in res.stats:
-                    cache[key]["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
-            return cache[key]
+                    cache[k]["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
+            return cache[k]
         return measure
 
     def burst_of(n: int) -> float:
         return burst_limit(n, sum(r.deadline - r.arrival for r in requests[:n]) / n)
 
-    rows = []
+    screened: dict = {}
     start = start_rate
+    if screen if screen is not None else len(cands) > FINALISTS:
+        if start is None:
+            start = _closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
+            sims += 1
+        screened = _screen(cands, measure_for, burst_of, len(requests), start, target, key)
+        if candidates is None:      # the secondary knobs of the best primary candidates (asap.sim.tune.space)
+            more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c) if v not in screened]
+            if prefix_cache:
+                more = [dataclasses.replace(v, prefix_cache=True) for v in more]
+            screened.update(_screen(more, measure_for, burst_of, len(requests), start, target, key))
+            screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
+        cands = list(screened)[:FINALISTS]
+        passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
+        start = max(passed) if passed else start
+    rows = []
     for c in cands:
         if start is None:
             cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
@@ -176,7 +269,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         lo = min(start or 0.5 * cap, 0.5 * burst_of(n))
         while True:
             found = find_max_rate(measure_for(c, n), target=target, lo=lo, tol=COARSE_TOL, max_iters=10,
-                                  burst_above=burst_of(n))
+                                  burst_above=burst_of(n), key=key)
             if found["valid"] or "burst" not in (found["reason"] or "") or n >= len(requests):
                 break
             n = min(len(requests), 2 * n)
@@ -187,12 +280,16 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     for r in ranked[:refine]:
         lo, n = r["coarse"]["max_slo_rate"], r["n"]
         r["fine"] = find_max_rate(measure_for(r["config"], n), target=target, lo=lo, hi=lo * (1 + COARSE_TOL),
-                                  tol=FINE_TOL, max_iters=8, burst_above=burst_of(n))
+                                  tol=FINE_TOL, max_iters=8, burst_above=burst_of(n), key=key)
     valid = [r for r in rows if r.get("fine", {}).get("valid")]
     table = [{"config": dataclasses.asdict(r["config"]), "describe": r["config"].describe(devices),
               "coarse_rate": r["coarse"]["max_slo_rate"] if r["coarse"]["valid"] else None,
               "coarse_reason": r["coarse"]["reason"], "num_requests": r["n"],
-              "fine_rate": r["fine"]["max_slo_rate"] if r.get("fine", {}).get("valid") else None} for r in rows]
+              "fine_rate": r["fine"]["max_slo_rate"] if r.get("fine", {}).get("valid") else None,
+              **_screen_cols(screened.get(r["config"]))} for r in rows]
+    table += [{"config": dataclasses.asdict(c), "describe": c.describe(devices), "coarse_rate": None,
+               "coarse_reason": "screened out", "num_requests": sc["n"], "fine_rate": None, **_screen_cols(sc)}
+              for c, sc in screened.items() if c not in cands]
     if verbose:
         for t in table:
             print(f"[SIMULATED]   {t['describe']:<60} coarse {_rate(t['coarse_rate'])} fine {_rate(t['fine_rate'])}"
@@ -226,7 +323,51 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     mean_tokens = sum(r.num_tokens for r in requests[:n]) / n      # cached tokens count as served input
     return Tuned(engine, devices, best["config"], rate, None if p90 is None else p90 / 1e3,
                  rate * mean_tokens / devices, table, sims, num_requests=n,
-                 prefix_hit_rate=at_best.get("prefix_token_hit_rate"))
+                 prefix_hit_rate=at_best.get("prefix_token_hit_rate"), buckets=at_best["buckets"],
+                 criterion=criterion, num_screened=len(screened))
+
+
+def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target: float, key: str) -> dict:
+    """{candidate: {"score", "passed_rate", "rate", "attainment", "ttft_p90_ms", "n"}}, best first.
+
+    The screen (the same rule for both engines): every candidate is simulated once at `rate` on the first n
+    requests (n: as few as keep SCREEN_MAX_RAISE x `rate` below the burst limit). While more than
+    SCREEN_KEEP candidates pass, the passing ones are simulated again at SCREEN_STEP x the rate (at most
+    SCREEN_ROUNDS times, never above the burst limit); where none passes the first time, all are screened
+    again at half the rate. Score: the highest screened rate passed, then attainment and P90 TTFT at the
+    last rate tried."""
+    if not cands:
+        return {}
+    n = num_requests
+    while n > 64 and burst_of(n // 2) >= rate * SCREEN_MAX_RAISE:
+        n //= 2
+    limit = burst_of(n)
+    rate = min(rate, limit)
+    out: dict = {}
+    pool, halved = list(cands), False
+    for _ in range(SCREEN_ROUNDS + 1):
+        for c in pool:
+            s = measure_for(c, n)(rate)
+            ok = s[key] >= target
+            prev = out.get(c, {}).get("passed_rate") or 0.0
+            out[c] = {"passed_rate": rate if ok else prev or None, "rate": rate, "attainment": s[key],
+                      "ttft_p90_ms": s["ttft_p90_ms"], "n": n}
+        passing = [c for c in pool if out[c]["rate"] == rate and out[c]["attainment"] >= target]
+        if not passing and not halved and not any(v["passed_rate"] for v in out.values()):
+            rate, halved = rate / 2, True
+            continue
+        if len(passing) <= SCREEN_KEEP or rate >= limit:
+            break
+        pool, rate = passing, min(limit, rate * SCREEN_STEP)
+    for v in out.values():
+        v["score"] = (v["passed_rate"] or 0.0, v["attainment"], -(v["ttft_p90_ms"] or float("inf")))
+    return dict(sorted(out.items(), key=lambda kv: kv[1]["score"], reverse=True))
+
+
+def _screen_cols(sc: dict | None) -> dict:
+    if sc is None:
+        return {"screen_rate": None, "screen_attainment": None, "screen_passed_rate": None}
+    return {"screen_rate": sc["rate"], "screen_attainment": sc["attainment"], "screen_passed_rate": sc["passed_rate"]}
 
 
 def _closed_batch_rate(requests, engine, devices, model, hardware, c: EngineConfig, zipf: float) -> float:
