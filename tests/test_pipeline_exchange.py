@@ -1,5 +1,6 @@
 """The all-to-all exchange: dispatch never waits for peers (so two-batch overlap can hide it), serving is
 collective, and a missing rank is a clear timeout naming who is missing."""
+import math
 import threading
 import time
 
@@ -57,14 +58,14 @@ def test_dispatch_returns_before_any_peer_dispatched_and_combine_is_the_collecti
     for e in ex:
         e.begin_step(3)
     t0 = time.monotonic()
-    ex[0].dispatch(0, 1, _out(5, 0))        # rank 1 has not dispatched anything yet: no wait
-    ex[0].dispatch(1, 1, _out(3, 1))        # the next micro-batch goes out at once too (TBO)
+    ex[0].dispatch(0, 1, _out(5, 0), math.inf, time.monotonic())        # rank 1 has not dispatched anything yet: no wait
+    ex[0].dispatch(1, 1, _out(3, 1), math.inf, time.monotonic())        # the next micro-batch goes out at once too (TBO)
     assert time.monotonic() - t0 < 1.0
     outs = {}
 
     def rank1():
-        ex[1].dispatch(0, 1, _out(2, 2))
-        ex[1].dispatch(1, 1, _out(4, 3))
+        ex[1].dispatch(0, 1, _out(2, 2), math.inf, time.monotonic())
+        ex[1].dispatch(1, 1, _out(4, 3), math.inf, time.monotonic())
         outs[1] = [ex[1].combine(0, 1, 10), ex[1].combine(1, 1, 10)]
     th = threading.Thread(target=rank1)
     th.start()
@@ -82,7 +83,7 @@ def test_dispatch_returns_before_any_peer_dispatched_and_combine_is_the_collecti
 def test_a_rank_that_never_dispatches_is_a_timeout_naming_it(two_ranks):
     ex, _ = two_ranks
     ex[0].begin_step(0)
-    ex[0].dispatch(0, 0, _out(2, 0))
+    ex[0].dispatch(0, 0, _out(2, 0), math.inf, time.monotonic())
     with pytest.raises(CommTimeout, match=r"dispatches from \[0\] of 2 ranks"):
         ex[0].combine(0, 0, 0.2)
     assert len(ex[0].mailbox.work) == 1          # its own share of the dispatch, never served
@@ -93,7 +94,7 @@ def test_a_rank_that_never_dispatches_is_a_timeout_naming_it(two_ranks):
 def test_work_of_a_step_given_up_on_is_purged_at_the_next_step(two_ranks):
     ex, _ = two_ranks
     ex[1].begin_step(0)
-    ex[1].dispatch(0, 0, _out(2, 0))           # rank 1's step 0 dispatch reaches rank 0 ...
+    ex[1].dispatch(0, 0, _out(2, 0), math.inf, time.monotonic())           # rank 1's step 0 dispatch reaches rank 0 ...
     time.sleep(0.05)
     ex[0].mailbox.pump(0.5)
     assert len(ex[0].mailbox.work) == 1

@@ -6,6 +6,7 @@ runtime runs ahead of the simulator by the whole link time. On a profile whose l
 compute, a lone prompt's emulated TTFT must land on the simulator's, for both engines.
 """
 import dataclasses
+import math
 import time
 
 import pytest
@@ -136,7 +137,7 @@ def test_an_async_combine_crosses_the_in_link_from_when_the_experts_sent_it():
                           SpanRecorder("a0"), link)
         x = torch.randn(5, 4)
         ex.dispatch(0, 1, StageOut(h=x, x=x, topk_ids=torch.zeros(5, 2, dtype=torch.long),
-                                   topk_weights=torch.full((5, 2), 0.5)))
+                                   topk_weights=torch.full((5, 2), 0.5)), math.inf, time.monotonic())
         items = dispatch_recv(WorkQueue(Mailbox(expert_t)), timeout=5)
         serve_experts(Doubling(), expert_t, items)
         sent = time.monotonic()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import find_max_rate
+from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.expert_select import make_selector
 from asap.scheduler.router import QueueAwareRouter, make_router
@@ -191,7 +192,7 @@ class SimBackend:
     def __init__(self, s: Settings, requests, sim=None):
         self.s, self.sim = s, sim or run
         self.cost = CostModel(get_model(s.model), get_hardware(s.hardware))
-        prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
+        prompt_len = token_weighted_length(requests)
         self.attention_workers = s.attention_workers or balanced_split(self.cost, s.devices, s.token_budget, 2,
                                                                        prompt_len)
 

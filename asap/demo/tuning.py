@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
+from asap.pipeline.plan import token_weighted_length
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
@@ -71,7 +72,7 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
     from asap.sim.tune import space, tune
     t0, code = time.monotonic(), fingerprint()
     requests = demo_requests(s, devices, tune_requests(devices), rate=1.0)
-    prompt_len = sum(r.num_tokens ** 2 for r in requests) / sum(r.num_tokens for r in requests)
+    prompt_len = token_weighted_length(requests)
     out = {}
     for engine in ("sync", "async"):
         cands = [c for c in space(engine, devices, s.model, s.hardware, prompt_len)

@@ -18,6 +18,7 @@ from pathlib import Path
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import find_max_rate
 from asap.measure.report import cell, text_table
+from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
@@ -118,7 +119,7 @@ def plan(requests: list[Request], devices: int, model="deepseek-v3", hardware="c
         raise ValueError(f"{devices} x {hw.name} cannot hold {cfg.model_type} experts ({e_min} expert workers "
                          f"needed) plus an attention replica")
     tokens = sum(r.num_tokens for r in requests)
-    prompt_len = sum(r.num_tokens ** 2 for r in requests) / tokens
+    prompt_len = token_weighted_length(requests)
     balance_kw = {k: sim_kw[k] for k in ("token_budget", "microbatches", "max_batch_tokens") if k in sim_kw}
     a0 = balanced_split(CostModel(cfg, hw), devices, prompt_len=prompt_len, **balance_kw)
     common = (sim, requests, "async", model, hardware, devices)

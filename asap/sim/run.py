@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from asap.config import ModelConfig
 from asap.model.presets import preset_config
+from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.expert_select import make_selector
 from asap.scheduler.prefix_cache import merge_stats
 from asap.scheduler.request import Request
@@ -21,7 +22,7 @@ from asap.scheduler.router import make_router
 from asap.sim.async_engine import AsyncEngine
 from asap.sim.cost import CostModel
 from asap.sim.events import Arrival
-from asap.sim.experts import ExpertShares, plan_experts, zipf_loads
+from asap.sim.experts import ExpertShares, load_model, plan_experts, zipf_loads
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import check_memory, min_expert_workers, prefix_cache_capacity
 from asap.sim.simulator import Simulator
@@ -101,6 +102,7 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
                  order: str = "fcfs", max_queue: int = 1024, selector="oldest", max_batch_tokens: int = 65536,
                  window_s: float = 0.0, microbatches: "int | str" = 2, two_batch_overlap: bool = True,
                  expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
+                 expert_load: str | None = None, expert_skew: float | None = None,
                  redundant_experts: int | None = None, seed: int = 0, prompt_len: float = 4096,
                  attention_tp: int = 1, trace_window: tuple[float, float] | None = None,
                  prefix_cache: bool = False, prefix_cache_blocks: int | None = None) -> "AsyncEngine | SyncEngine":
@@ -137,7 +139,7 @@ def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloud
     loads = expert_loads if expert_loads is not None else zipf_loads(n_moe, model.num_experts, zipf, seed)
     if len(loads) != n_moe or any(len(row) != model.num_experts for row in loads):
         raise ValueError(f"expert_loads must be [{n_moe} MoE layers][{model.num_experts} experts]")
-    shares = plan_experts(loads, num_exp, redundant_experts)
+    shares = plan_experts(loads, num_exp, redundant_experts, load_model(expert_load, expert_skew, seed), model)
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
     if engine == "sync":
@@ -164,7 +166,9 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     / dp_size), attention_tp (async: per replica), router / selector (name or object),
     order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
     "adaptive", async), two_batch_overlap (sync), expert_loads ([moe_layer][expert], e.g.
-    RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1),
+    RoutingStats.loads()) or zipf (skew), expert_load ("drawn": per-batch loads, or "expected") and
+    expert_skew (drawn: per-batch popularity drift; asap.sim.experts.load_model has the defaults),
+    redundant_experts, seed (Zipf and drawn loads), trace_window=(t0, t1),
     prefix_cache (off by default: a PrefixCache per replica / DP group over the requests' hash_ids,
     capacity `prefix_cache_capacity` unless prefix_cache_blocks says; stats["prefix_cache"] has the hits).
     Experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
@@ -176,7 +180,7 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     if instances != 1:
         return _run_instances(own, engine, model_cfg, hardware, devices, attention_workers, instances, until, kw)
     if engine == "async" and attention_workers is None and "prompt_len" not in kw and own:
-        kw["prompt_len"] = sum(r.num_tokens ** 2 for r in own) / sum(r.num_tokens for r in own)
+        kw["prompt_len"] = token_weighted_length(own)
     eng = build_engine(engine, model_cfg, hardware, devices, attention_workers, **kw)
     sim = Simulator(eng)
     for r in sorted(own, key=lambda r: r.arrival):
@@ -222,8 +226,7 @@ def _run_instances(own, engine, model_cfg, hardware, devices, attention_workers,
     per = devices // instances
     tp = kw.get("attention_tp", 1)
     model, hw = get_model(model_cfg), get_hardware(hardware)
-    tokens = sum(r.num_tokens for r in own) or 1
-    prompt_len = sum(r.num_tokens ** 2 for r in own) / tokens
+    prompt_len = token_weighted_length(own) if own else 0.0
     if engine == "async" and attention_workers is None and "prompt_len" not in kw:
         kw["prompt_len"] = prompt_len
     ranks = per // tp if engine == "sync" else (attention_workers or 1)

@@ -29,10 +29,7 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
             replica.flush_routing()
             ctx.flush()
             continue
-        schedule, mbs = replica.plan(time.monotonic(), depth.k)
-        # Earliest TTFT deadline per micro-batch, carried in every dispatch header (deadline-first experts).
-        exchange.deadlines = [min((replica.scheduler.get(c.request_id).deadline or float("inf"))
-                                  for c in mb.batch.chunks) for mb in mbs]
+        schedule, mbs = replica.plan(time.monotonic(), depth.k)     # each with its earliest TTFT deadline
         try:
             step = run_step(ctx, replica, mbs, exchange, inputs_in=replica.inputs_in(schedule))
             with ctx.spans.span("compute"):

@@ -27,6 +27,8 @@ import torch
 
 from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combine_send, dispatch_recv, dispatch_send
 from asap.comm.mailbox import ALIVE_CHECK_S
+from asap.model.stages import StageOut
+from asap.pipeline.exchange import num_to_serve
 from asap.workers.clock import wait_until
 
 
@@ -68,17 +70,15 @@ class PointToPoint(_Exchange):
         super().__init__(transport, mailbox, dest, replica, spans, link)
         self.replica = replica
         self.seq = 0
-        self.deadlines: list[float] = []          # per micro-batch of the current step (deadline-first experts)
 
-    def dispatch(self, mb: int, layer: int, out) -> None:
-        deadline = self.deadlines[mb] if mb < len(self.deadlines) else math.inf
+    def dispatch(self, mb: int, layer: int, out: StageOut, deadline: float, now: float) -> None:
         copies = out.topk_ids.numel()
         pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
                            replica=self.replica, layer=layer, microbatch=mb, seq=self.seq, deadline=deadline,
                            epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0,
                            sent_at=self.link.ready_at() if self.link else None)
         self.seq += 1
-        self._pending[(mb, layer)] = (pc, time.monotonic(), copies)
+        self._pending[(mb, layer)] = (pc, now, copies)
         self._arrived.pop((mb, layer), None)
 
     def combine(self, mb: int, layer: int, timeout: float | None) -> torch.Tensor:
@@ -123,7 +123,8 @@ class AllToAll(_Exchange):
             self.mailbox.work[:] = [w for w in self.mailbox.work if w.header.seq >= step]
             self.mailbox.num_dropped += len(stale)
 
-    def dispatch(self, mb: int, layer: int, out) -> None:
+    def dispatch(self, mb: int, layer: int, out: StageOut, deadline: float, now: float) -> None:
+        """deadline: unused, a collective serves in the pipeline's order."""
         copies = out.topk_ids.numel()
         pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
                            replica=self.rank, layer=layer, microbatch=mb, seq=self.step, always_to=self.ranks,
@@ -143,8 +144,7 @@ class AllToAll(_Exchange):
         while True:
             # Real ranks serve whatever is in while they wait; emulated ones serve up to `key` here and decide
             # on later keys below, by due times (their host may run behind their device clock).
-            while self._to_serve and self._all_in(self._to_serve[0]) and (self.link is None or key in self._to_serve):
-                self._serve(self._to_serve.popleft())
+            self._serve_by_rule(key, math.inf if self.link is None else -math.inf)
             got = self.mailbox.partials.get(pc.key, {})
             if key not in self._to_serve and pc.rows.keys() <= got.keys():
                 break
@@ -162,8 +162,7 @@ class AllToAll(_Exchange):
             # As the simulator (asap.sim.sync_engine): while this combine was on its way, the device ran the
             # later all-to-alls (in order) whose dispatches were all in by the time it came.
             came = self.mailbox.arrived_at.get(pc.key, time.monotonic())
-            while self._to_serve and self._all_in(self._to_serve[0]) and self._due(self._to_serve[0]) <= came:
-                self._serve(self._to_serve.popleft())
+            self._serve_by_rule(key, came)
         partial = combine_recv(self.inbox, pc, timeout=0)
         self._received(mb, layer, pc, time.monotonic())
         return partial
@@ -172,6 +171,24 @@ class AllToAll(_Exchange):
         self._to_serve.clear()
         self._copies.clear()
         super().abandon()
+
+    def next_to_serve(self, awaited, until: float):
+        """The all-to-all this rank serves next, by the serving rule the simulator also runs
+        (asap.pipeline.exchange.num_to_serve), or None. awaited: the (step, layer, mb) whose combine it waits
+        for; a dispatch is in at its due time under an emulated link, else when it was filed."""
+        pending = self._to_serve
+        times = []
+        for k in pending:
+            if not self._all_in(k):
+                times.append(None)
+                break
+            times.append(self._due(k) if self.link is not None else 0.0)
+        awaited_at = next((i for i, k in enumerate(pending) if k == awaited), -1)
+        return pending[0] if num_to_serve(times, awaited_at, until) else None
+
+    def _serve_by_rule(self, awaited, until: float) -> None:
+        while (key := self.next_to_serve(awaited, until)) is not None:
+            self._serve(self._to_serve.popleft())
 
     def _all_in(self, key) -> bool:
         return sum((w.header.seq, w.header.layer, w.header.microbatch) == key

@@ -7,6 +7,7 @@ The loops in async_loop.py and sync_loop.py differ only in how experts are reach
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -14,8 +15,8 @@ import torch
 
 from asap.model.batch import Batch
 from asap.model.stages import StageOut, prompt_logprobs
+from asap.pipeline.plan import plan_step
 from asap.scheduler.errors import QueueFull
-from asap.scheduler.microbatch import split_microbatches
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request
 from asap.workers.messages import Result, RoutingCounts, Started, Submit
@@ -26,6 +27,7 @@ class MicroBatch:
     batch: Batch
     h: torch.Tensor          # [T,D] hidden states between layers
     finishing: list[int]     # indices into batch.chunks whose chunk ends its prompt
+    deadline: float = math.inf   # earliest TTFT deadline of its requests (deadline-first experts)
 
 
 class Replica:
@@ -72,13 +74,12 @@ class Replica:
 
     # ---- a step ----------------------------------------------------------------------------------
     def plan(self, now: float, k: int) -> tuple[dict[int, int], list[MicroBatch]]:
-        """Schedule the next step and split it into at most k micro-batches (none if nothing is queued)."""
-        schedule = self.scheduler.schedule(now) if self.has_work else {}
-        starts = {rid: self.scheduler.get(rid).num_computed for rid in schedule}
-        for rid in (rid for rid, start in starts.items() if start == 0):
+        """Schedule the next step and split it into at most k micro-batches (none if nothing is queued): the
+        simulator's plan (asap.pipeline.plan), with tensors."""
+        step = plan_step(self.scheduler, now, k)
+        for rid in (rid for rid, start in step.starts.items() if start == 0):
             self.results.put(Started(rid, self.index, now))
-        groups = split_microbatches(schedule, starts, k) if schedule else []
-        return schedule, [self._microbatch(g) for g in groups]
+        return step.schedule, [self._microbatch(p.chunks, p.deadline) for p in step.microbatches]
 
     def inputs_in(self, schedule) -> float:
         """When a step's inputs were in: the latest arrival of its requests (a continuing chunk's KV is in
@@ -90,7 +91,7 @@ class Replica:
         """A micro-batch of no tokens (the sync baseline's idle ranks still take part in every all-to-all)."""
         return self._microbatch([])
 
-    def _microbatch(self, chunks) -> MicroBatch:
+    def _microbatch(self, chunks, deadline: float = math.inf) -> MicroBatch:
         batch = Batch.build(chunks, self.compute.device)
         if self.compute.emulated:
             ids = torch.zeros(batch.num_tokens, dtype=torch.long, device=self.compute.device)
@@ -99,7 +100,7 @@ class Replica:
             ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.compute.device)
         finishing = [i for i, c in enumerate(chunks)
                      if c.start + c.num_tokens == self.scheduler.get(c.request_id).num_tokens]
-        return MicroBatch(batch, self.compute.embed(ids), finishing)
+        return MicroBatch(batch, self.compute.embed(ids), finishing, deadline)
 
     def attention(self, mb: MicroBatch, layer: int) -> StageOut:
         s = self.compute.attention_stage(layer, mb.h, mb.batch, self.kv)
