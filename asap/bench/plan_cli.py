@@ -13,18 +13,40 @@ import json
 import sys
 from pathlib import Path
 
+PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
+
+    asap plan --devices 32                                        # 17 s on two idle cores, ~2 min loaded
+    asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned: minutes
+
+The row marked "analytic" is the split the cost model balances on paper (attention throughput =
+expert throughput); its SLO-compliant rate is the reference at which every feasible split (E large
+enough to hold the routed experts' weights) is simulated once; the --check best of those get their
+own rate search, and the one with the highest SLO-compliant rate is marked RECOMMENDED. With --sync
+the sync engine on the same N devices is searched too, in its default layout (DP N x TP1, untuned):
+for a fair comparison of the engines use --tune, which searches each engine's whole configuration
+space with the same budget.
+"""
+
+ABLATION = """Each scheduling optimization of the async engine on and off (plain, each one alone, all on,
+and with --leave-one-out all on minus one), and the sync baseline, at their SLO-compliant rates.
+
+    asap ablation --leave-one-out                          # SIMULATED, ~1 min on two cores
+    asap ablation --backend emulated                       # EMULATED, a few minutes
+"""
+
 
 def register(sub):
     from asap.sim.plan import WORKLOADS
     p = sub.add_parser("plan", help="recommend attention:expert workers for N devices (SIMULATED)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=PLAN, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, required=True, help="devices to split into A attention + E expert")
     p.add_argument("--model", default="deepseek-v3", help="preset name or HF config.json directory")
     p.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (built-in name or .json)")
     _workload_flags(p, WORKLOADS, num_requests=300, max_prompt=None)
     p.add_argument("--check", type=int, default=3, help="rate-search this many best screened candidates (0 = all)")
     p.add_argument("--tolerance", type=float, default=0.1, help="relative width of the final rate bracket")
-    p.add_argument("--target-attainment", type=float, default=0.9)
+    p.add_argument("--target-attainment", type=float, default=0.9,
+                   help="fraction of requests that must meet the SLO at an SLO-compliant rate")
     p.add_argument("--token-budget", type=int, default=16384, help="prompt tokens per replica step")
     p.add_argument("--zipf", type=float, default=0.0, help="expert popularity skew (0 = uniform)")
     p.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True,
@@ -39,7 +61,7 @@ def register(sub):
 
     from asap.bench.ablation import EMULATED, SIM
     a = sub.add_parser("ablation", help="each scheduling optimization on and off, and the sync baseline",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=ABLATION, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--backend", choices=["sim", "emulated"], default="sim",
                    help="sim: discrete-event simulator (SIMULATED); emulated: real processes, compute emulated")
     a.add_argument("--leave-one-out", action="store_true", help="also rows 'all on minus one optimization'")
@@ -48,8 +70,8 @@ def register(sub):
 
     def flag(name, typ, help):
         d = (getattr(SIM, name), getattr(EMULATED, name))
-        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
-                       help=f"{help} (default {d[0]} / {d[1]})")
+        shown = "" if "default" in help else f" (default {d[0]} / {d[1]})"      # never two defaults
+        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help + shown)
     flag("model", str, "preset name")
     flag("hardware", str, "hardware profile (sim cost model; emulated cost table)")
     flag("devices", int, "sync ranks = async A + E")
@@ -78,7 +100,7 @@ def _workload_flags(p, workloads, num_requests: int, max_prompt):
     p.add_argument("--workload", choices=workloads, default="trace",
                    help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
     p.add_argument("--num-requests", type=int, default=num_requests, help="the trace's first N requests")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the expert skew")
     p.add_argument("--slo", default="5x", help="TTFT SLO: 5x (x the idle sync TTFT of max(L, budget)) or 10s")
     p.add_argument("--max-prompt", type=int, default=max_prompt, help="clip prompt lengths")
     p.add_argument("--trace", default=str(TRACE), help="Mooncake .jsonl trace")

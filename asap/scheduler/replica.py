@@ -119,7 +119,8 @@ class ReplicaScheduler:
     def load(self, index: int, busy_until: float = 0.0) -> ReplicaLoad:
         if self._queued is None:
             self._queued = tuple((r.num_remaining, r.num_computed) for r in self._requests.values())
-        return ReplicaLoad(index, len(self._requests), self._num_tokens, list(self._queued), busy_until)
+        # the cached tuple itself (immutable): QueueAwareRouter then knows it by identity, not by comparing it
+        return ReplicaLoad(index, len(self._requests), self._num_tokens, self._queued, busy_until)
 
     # ---- step ----
     def schedule(self, now: float) -> dict[int, int]:

@@ -6,7 +6,10 @@ Every router sees the same snapshot, a list of `ReplicaLoad`, and returns one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
+
+import numpy as np
 
 from asap.scheduler.cost import DEFAULT_COST, CostFn
 from asap.scheduler.request import Request
@@ -18,7 +21,8 @@ class ReplicaLoad:
     index: int
     num_requests: int                   # queued + running requests
     num_tokens: int                     # remaining prompt tokens queued + running
-    queued: list[tuple[int, int]] = field(default_factory=list)  # (remaining_tokens, num_computed) per request
+    # (remaining_tokens, num_computed) per request; a list, or a tuple (ReplicaScheduler.load's)
+    queued: "list[tuple[int, int]] | tuple[tuple[int, int], ...]" = field(default_factory=list)
     busy_until: float = 0.0             # predicted end of the step in progress (absolute time), 0 if idle
 
 
@@ -73,6 +77,8 @@ class QueueAwareRouter:
         snapshot = tuple(load.queued)
         hit = self._memo.get(load.index)
         if hit is not None and hit[0] == snapshot:
+            if hit[0] is not snapshot:
+                self._memo[load.index] = (snapshot, hit[1])     # the newest snapshot: route() matches it by identity
             return hit[1]
         value = self.cost(list(snapshot)) if snapshot else 0.0
         self._memo[load.index] = (snapshot, value)
@@ -85,10 +91,26 @@ class QueueAwareRouter:
 
     def route(self, req: Request, loads: list[ReplicaLoad], now: float) -> int:
         _check(loads)
-        # cost([req]) is the same on every replica, so it does not change the choice.
-        return min(loads, key=lambda l: (max(now, l.busy_until) + self.queue_cost(l), l.index)).index
+        # cost([req]) is the same on every replica, so it does not change the choice. The choice is
+        # min(loads, key=lambda l: (max(now, l.busy_until) + self.queue_cost(l), l.index)), computed without a
+        # Python call per replica: the simulator routes every arrival over hundreds of replicas, and that was
+        # most of a sync run's time. A snapshot whose `queued` is the very tuple memoised (immutable: the
+        # simulator's ReplicaScheduler.load hands its cached one) reuses its cost without a comparison; any
+        # other is compared by content, as queue_cost does. float64 sums are Python's, so the choice is the same.
+        memo = self._memo
+        index, queued = list(map(_INDEX, loads)), list(map(_QUEUED, loads))
+        costs = [hit[1] if (hit := memo.get(i)) is not None and hit[0] is q else None for i, q in zip(index, queued)]
+        j = -1
+        while None in costs:
+            j = costs.index(None, j + 1)
+            costs[j] = self.queue_cost(loads[j])
+        t = np.maximum(now, np.fromiter(map(_BUSY, loads), float, len(loads)))
+        t += np.array(costs, dtype=float)
+        tied = np.flatnonzero(t == t.min())
+        return index[tied[0]] if len(tied) == 1 else min(index[k] for k in tied)
 
 
+_INDEX, _QUEUED, _BUSY = attrgetter("index"), attrgetter("queued"), attrgetter("busy_until")
 ROUTERS = ("round-robin", "least-requests", "least-tokens", "queue-aware", "sglang", "vllm")
 # The peers' defaults: SGLang's DP-attention scheduler sends requests round-robin over the DP ranks
 # (--load-balance-method round_robin); vLLM's data-parallel front end picks the least loaded engine by

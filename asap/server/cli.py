@@ -9,7 +9,12 @@ from __future__ import annotations
 def register(sub):
     from asap.config import RuntimeConfig, add_config_flags
     from asap.server.config import ServerConfig
-    p = sub.add_parser("serve", help="serve prefill over HTTP (OpenAI /v1/completions, KV hand-off, /metrics)")
+    p = sub.add_parser("serve", help="serve prefill over HTTP (OpenAI /v1/completions, KV hand-off, /metrics)",
+                       description="The OpenAI-compatible prefill server (vLLM's dialect): each request is "
+                                   "prefilled and gets at most one token; decode runs elsewhere from the KV "
+                                   "cache it hands off. Endpoints and parameters: asap/server/README.md. Starts "
+                                   "in seconds for tiny-* presets (the workers load the weights); runs until "
+                                   "SIGTERM or SIGINT, which finish the requests in flight.")
     p.add_argument("model", help="model directory (HF format) or preset name")
     add_config_flags(p, ServerConfig)
     add_config_flags(p, RuntimeConfig)

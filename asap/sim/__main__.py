@@ -52,17 +52,28 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
 def add_commands(sub, extra=()) -> None:
     """headline, calibrate, speed and trace, for `python -m asap.sim` and `asap sim`; `extra`: more
     add_parser(sub) functions from the layers above, whose parsers set `run` (asap/cli.py)."""
-    h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput")
-    h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384])
+    h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput "
+                                        "(SIMULATED; tens of minutes per row)",
+                       description="SIMULATED. For each workload and device count, tune both engines (every "
+                                   "candidate configuration gets a rate search) and report each one's highest "
+                                   "SLO-compliant rate and their ratio; writes headline.json and headline.png "
+                                   "into --out, and headline.partial.json after each row (see --resume). Run "
+                                   "time on two cores: the recorded runs (--num-requests 6000) took 13-18 "
+                                   "minutes per workload and device count, so the default grid of 12 rows takes "
+                                   "hours. Start with one row: --workloads conversation --devices 32.")
+    h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384],
+                   help="device counts, one row each (later rows start their search from the row before)")
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
                    help="names of asap.workload.presets or Mooncake .jsonl / Azure .csv paths")
     h.add_argument("--num-requests", type=int, default=1500,
                    help="requests available per workload (each search uses as few as the burst rule allows)")
-    h.add_argument("--model", default="deepseek-v3")
-    h.add_argument("--hardware", default="cloudmatrix384")
+    h.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
+    h.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
     h.add_argument("--slo", default=DEFAULT_SLO, help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
-    h.add_argument("--slo-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0])
-    h.add_argument("--out", default="out/sim_headline")
+    h.add_argument("--slo-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+                   help="at the first device count, also rerun the best configurations with the SLO scaled by "
+                        "these factors")
+    h.add_argument("--out", default="out/sim_headline", help="directory for headline.json and headline.png")
     h.add_argument("--resume", default=None, metavar="JSON",
                    help="continue an earlier headline(.partial).json from its last row per workload to --devices")
     h.add_argument("--prefix-cache", action="store_true",
@@ -70,21 +81,31 @@ def add_commands(sub, extra=()) -> None:
                         "block hashes, capacity from the memory left after weights); off by default")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
-    c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain")
-    c.add_argument("--hardware", default="h800")
-    c.add_argument("--json", default=None)
-    s = sub.add_parser("speed", help="events/s for 10k trace requests at 384 devices")
-    s.add_argument("--num-requests", type=int, default=10000)
-    s.add_argument("--devices", type=int, default=384)
-    s.add_argument("--engine", default="async", choices=["async", "sync"])
-    t = sub.add_parser("trace", help="Chrome/Perfetto trace of a time window")
-    t.add_argument("--engine", default="async", choices=["async", "sync"])
-    t.add_argument("--devices", type=int, default=32)
+    c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain",
+                       description="SIMULATED. The cost model's sync DeepSeek-V3 against each published prefill "
+                                   "throughput figure it is calibrated on, with the error of each, and the "
+                                   "two-batch-overlap gain. A few seconds on two cores.")
+    c.add_argument("--hardware", default="h800", help="hardware profile of the published figures")
+    c.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
+    s = sub.add_parser("speed", help="events/s for 10k trace requests at 384 devices",
+                       description="The simulator's own speed: one run of the trace's first requests, offered at "
+                                   "4,000 tokens/s per device; prints events, wall and CPU time, events/s and a "
+                                   "hash of every TTFT (to check two versions give the same results). About "
+                                   "20 s on two cores with the defaults.")
+    s.add_argument("--num-requests", type=int, default=10000, help="requests from the Mooncake sample")
+    s.add_argument("--devices", type=int, default=384, help="devices of the simulated cluster")
+    s.add_argument("--engine", default="async", choices=["async", "sync"], help="engine to simulate")
+    t = sub.add_parser("trace", help="Chrome/Perfetto trace of a time window",
+                       description="SIMULATED. Run the Mooncake sample's first requests at --rate and write every "
+                                   "worker span inside [--start, --start + --length] s as a Chrome trace (open it "
+                                   "in ui.perfetto.dev). A few seconds with the defaults.")
+    t.add_argument("--engine", default="async", choices=["async", "sync"], help="engine to simulate")
+    t.add_argument("--devices", type=int, default=32, help="devices of the simulated cluster")
     t.add_argument("--rate", type=float, default=2.0, help="requests/s")
-    t.add_argument("--start", type=float, default=20.0)
-    t.add_argument("--length", type=float, default=1.0)
-    t.add_argument("--num-requests", type=int, default=200)
-    t.add_argument("--out", default="out/sim_trace.json")
+    t.add_argument("--start", type=float, default=20.0, help="start of the window (simulated s)")
+    t.add_argument("--length", type=float, default=1.0, help="length of the window (simulated s)")
+    t.add_argument("--num-requests", type=int, default=200, help="requests from the Mooncake sample")
+    t.add_argument("--out", default="out/sim_trace.json", help="the trace file to write")
     for add in extra:
         add(sub)
 

@@ -9,7 +9,10 @@ import argparse
 
 def register(sub, extra=()):
     from asap.sim.__main__ import add_commands, run_command
-    p = sub.add_parser("sim", help="the discrete-event simulator: headline, calibrate, speed, trace, validate")
+    p = sub.add_parser("sim", help="the discrete-event simulator: headline, calibrate, speed, trace, validate",
+                       description="The discrete-event simulator (every figure it prints is SIMULATED; validate "
+                                   "also runs EMULATED and REAL). `asap sim COMMAND --help` gives each command's "
+                                   "run time.")
     add_commands(p.add_subparsers(dest="cmd", required=True), extra)
     p.set_defaults(func=run_command)
 
@@ -17,7 +20,8 @@ def register(sub, extra=()):
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Time the model's real kernels per cost-model op, fit each op's rates, measure "
                                    "the shared-memory link, and write a hardware profile that get_hardware('cpu') "
-                                   "prefers (the emulated runtime's and the simulator's default).")
+                                   "prefers (the emulated runtime's and the simulator's default). About 30 s on "
+                                   "two cores.")
     q.add_argument("--model", default="small-deepseek-v3", help="preset name or HF model directory")
     q.add_argument("--out", default=None, help="profile JSON (default: $ASAP_CACHE/profiles/cpu.json, "
                                                "ASAP_CACHE defaulting to ~/.cache/asap)")
@@ -25,7 +29,8 @@ def register(sub, extra=()):
                    help="torch threads, as RuntimeConfig.threads_per_worker (default: %(default)s)")
     q.add_argument("--repeats", type=int, default=None, help="timed rounds over every kernel (default: 4)")
     q.add_argument("--statistic", choices=["min", "median"], default="min",
-                   help="per kernel: the fastest call (the machine unloaded) or the median (as loaded as now)")
+                   help="per kernel: the fastest call (the machine unloaded) or the median (as loaded as now) "
+                        "(default: %(default)s)")
     q.set_defaults(func=run_profile)
 
 
