@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from asap.config import ModelConfig
 from asap.cost import comm, ops
 from asap.cost.hardware import Hardware
@@ -146,6 +148,39 @@ class CostModel:
         out = self.expert_ops(moe_idx, num_tokens, shares, nic_per_copy)
         return max(out.get("experts", 0.0) + out.get("expert_act", 0.0), out.get("expert_nic", 0.0))
 
+    def batch_expert_seconds(self, moe_idx: int, num_tokens: float, shares: ExpertShares,
+                             nic_per_copy: float = 0.0) -> float:
+        """One expert batch on the pool of `shares.num_workers` workers: its busiest worker, from this
+        batch's drawn loads where `shares` has draws (asap.cost.loads), else `expert_seconds` (expected)."""
+        if shares.draws is None:
+            return self.expert_seconds(moe_idx, num_tokens, shares, nic_per_copy)
+        if num_tokens <= 0:
+            return 0.0
+        g = self.rank_devices
+        mu = shares.draws.max_rows(moe_idx, num_tokens) / g
+        if mu <= 0:
+            return 0.0
+        out = self._expert_compute(mu, ops.touched_experts(mu, max(1.0, shares.slots / g)))
+        return max(out["experts"] + out["expert_act"], mu * nic_per_copy)
+
+    def alltoall_rows(self, moe_idx: int, num_tokens: float, shares: ExpertShares):
+        """A sync all-to-all's drawn rows per rank (numpy), or None where `shares` has no draws."""
+        return None if shares.draws is None else shares.draws.rows(moe_idx, num_tokens)
+
+    def worker_expert_seconds(self, rows, slots: int, nic_per_copy: float = 0.0):
+        """Seconds of each worker (a scalar or a numpy array of workers) that got `rows` token-expert rows
+        on `slots` expert copies: its GEMMs and the kernels around them (or its combine traffic, if slower).
+        A worker that stands for rank_devices devices spreads its rows over them."""
+        g = self.rank_devices
+        mu = np.asarray(rows, dtype=float) / g
+        touched = max(1.0, slots / g) * -np.expm1(-mu / max(1.0, slots / g))
+        flops, nbytes = ops.expert_gemm_work(self.model, mu, touched, self.hw.gemm_tile_m, self.hw.weight_bytes)
+        out = _rate_seconds(self.rates["experts"], flops, nbytes) \
+            + _rate_seconds(self.rates["elementwise"], 0.0, mu * ops.expert_act_bytes(self.model))
+        if nic_per_copy:
+            out = np.maximum(out, mu * nic_per_copy)
+        return np.where(mu > 0, out, 0.0)
+
     # ---- communication ----------------------------------------------------
     def seconds_per_copy(self, num_ranks: int, local: bool, total_devices: int, elem_bytes: float) -> float:
         """Per token copy sent by one engine rank (a group of rank_devices devices, each sending its share)."""
@@ -191,3 +226,9 @@ class CostModel:
             for k, v in layer_ops.items():
                 out[k] = out.get(k, 0.0) + v
         return out
+
+
+def _rate_seconds(rate, flops, nbytes):
+    """OpRate.seconds over numpy arrays."""
+    compute, memory = flops / rate.flops_per_s, nbytes / rate.bytes_per_s
+    return rate.overhead_s + (np.maximum(compute, memory) if rate.overlap else compute + memory)

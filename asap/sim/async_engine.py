@@ -193,7 +193,7 @@ class AsyncEngine(EngineBase):
             return []
         layer = picked[0].layer
         tokens = sum(w.num_tokens for w in picked)
-        duration = self.cost.expert_seconds(self.cost.moe_index[layer], tokens, self.shares, self.nic_copy)
+        duration = self.cost.batch_expert_seconds(self.cost.moe_index[layer], tokens, self.shares, self.nic_copy)
         self.pool_busy = True
         self.pool_busy_s += duration
         self.num_batches += 1

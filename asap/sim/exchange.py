@@ -65,10 +65,11 @@ class SimExchange:
 
 
 class _AllToAll:
-    __slots__ = ("layer", "mb", "share", "dispatched", "served", "combined")
+    __slots__ = ("layer", "mb", "share", "dispatched", "served", "combined", "rows")
 
-    def __init__(self, layer: int, mb: int, share: float, dispatched: float):
+    def __init__(self, layer: int, mb: int, share: float, dispatched: float, rows=None):
         self.layer, self.mb, self.share, self.dispatched = layer, mb, share, dispatched
+        self.rows = rows          # per rank: drawn token-expert rows (asap.cost.loads), or None: expected loads
         self.served = None        # per rank: when its shard was done
         self.combined = None      # when the combine was back on every rank
 
@@ -102,12 +103,15 @@ class SimAllToAll:
         """Everything is scheduled when it is asked for: nothing to file."""
 
     def dispatch(self, mb: int, layer: int, out, deadline: float, now: float) -> None:
-        share = self.shares.max_share[self.cost.moe_index[layer]]
+        # this all-to-all's loads: drawn per rank (asap.cost.loads), or the expected busiest share
+        rows = self.cost.alltoall_rows(self.cost.moe_index[layer], float(self.total[mb]), self.shares)
+        share = self.shares.max_share[self.cost.moe_index[layer]] if rows is None else \
+            float(rows.max()) / max(1.0, float(self.total[mb]) * self.top_k)
         slowest = out.max()
         self.barrier_wait_s += float((slowest - out).sum())
         start = max(slowest, self.comm)
         self.comm = start + self.latency + max(self.biggest[mb], self.total[mb] * share) * self.top_k * self.disp_copy
-        self.keys.append(_AllToAll(layer, mb, share, self.comm))
+        self.keys.append(_AllToAll(layer, mb, share, self.comm, rows))
         if self.trace:
             self.tracer.span("network", 0, f"dispatch L{layer} mb{mb}", self.now + start, self.now + self.comm)
 
@@ -135,7 +139,8 @@ class SimAllToAll:
         cost = self.cost
         for key in pending[:n]:
             start = np.maximum(self.compute, key.dispatched)
-            end = start + cost.expert_seconds(cost.moe_index[key.layer], float(self.total[key.mb]), self.shares)
+            end = start + (cost.expert_seconds(cost.moe_index[key.layer], float(self.total[key.mb]), self.shares)
+                           if key.rows is None else cost.worker_expert_seconds(key.rows, self.shares.slots))
             self.compute = key.served = end
             if self.trace:
                 self.tracer._trace_ranks("experts", f"experts L{key.layer} mb{key.mb}", self.now, start, end)
