@@ -1,42 +1,45 @@
-"""torch.distributed transport: point-to-point isend/irecv only, no collectives.
+"""torch.distributed transport: batched point-to-point, one communication thread per rank.
 
-Each peer gets a link with two threads, so the caller never blocks on the wire:
-  - a sender thread drains a bounded queue of outgoing messages, in order;
-  - a receiver thread keeps one envelope irecv posted for that peer, then
-    receives the payload tensors the envelope announces and files the message
-    in the shared inbox.
-Why threads rather than polling `Work.is_completed()`: gloo only marks p2p work
-complete inside `wait()`, and a `wait(timeout)` that times out leaves the
-process group unusable, so a blocking wait on a thread is the only safe way.
+Every rank's thread runs the same rounds with every live peer, on one process
+group (gloo on CPU, NCCL on GPU; the same code path on both):
+  1. headers: a fixed-size block to and from each peer in one batch_isend_irecv:
+     up to SLOTS message envelopes (asap.comm.transport), a goodbye mark, and
+     whether this rank takes payloads this round (its inbox has room);
+  2. payloads: one batch_isend_irecv of the tensors those envelopes announce, to
+     peers that said they take them; a message a peer did not take stays at the
+     head of its queue for the next round (per-peer flow control, no blocking).
+All p2p work is issued from this one thread in the same order on every rank,
+so NCCL never sees two threads or two communicators racing (which can hang it),
+and headers need no second (gloo) group. On a GPU the thread works on its own
+CUDA stream, so communication overlaps the compute stream. An idle rank waits
+a little between empty rounds (woken at once by a send), so idle rounds cost
+no busy CPU.
 
-Envelopes travel with tag ENV_TAG and payloads with DATA_TAG so that they can
-never match each other. With NCCL (which ignores tags and runs a pair's ops on
-one stream, so a send queued behind a recv can deadlock), envelopes go over a
-gloo group and payloads over two NCCL groups, one per direction (lower rank ->
-higher rank and back), so each pair stream only ever carries one direction.
-
-close() says goodbye to every peer and waits for every peer's goodbye, so no
-peer is left with a message in flight when the process group goes away.
+close() says goodbye to every peer; a pair is dropped after the round in
+which either side said goodbye, so no peer is left with a message in flight
+when the process group goes away.
 """
 from __future__ import annotations
 
 import os
 import queue
+import struct
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from asap.comm.headers import Header
 from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport, TransportSpec,
-                                 as_bytes, nbytes, pack_envelope, unpack_envelope)
+                                 as_bytes, nbytes, pack_envelope_into, unpack_envelope)
 
-ENV_TAG, DATA_TAG = 0, 1
-_IDLE_WAIT = timedelta(days=365)   # an envelope may be a long time coming; that is not an error
+SLOTS = 8                                   # messages per peer per round
+_BLOCK_HEAD = struct.Struct("<qq")          # count (-1: goodbye), takes payloads (0/1)
+BLOCK_BYTES = _BLOCK_HEAD.size + SLOTS * ENVELOPE_BYTES
+_IDLE_MAX_S = 0.002                         # longest nap between empty rounds
 
 
 @dataclass(frozen=True)
@@ -81,48 +84,40 @@ class DistTransport(Transport):
             torch.cuda.set_device(self.device)
         dist.init_process_group(spec.backend, init_method=spec.init_method,
                                 world_size=spec.world_size, rank=rank)
-        # Group creation is collective, once, at start-up; the data path never is.
-        if spec.backend == "nccl":
-            self._ctrl = dist.new_group(backend="gloo")
-            self._up, self._down = dist.new_group(backend="nccl"), dist.new_group(backend="nccl")
-        else:
-            self._ctrl = self._up = self._down = dist.group.WORLD
         self._cv = threading.Condition()
         self._inbox: deque[Message] = deque()
         self._send_waiting = False   # a blocked send lets the inbox grow past max_pending
-        self._closing = False
+        self._closing = False        # close() was called: say goodbye once the queues are empty
         self.closed_peers: set[int] = set()   # peers that said goodbye
+        self.num_dropped = 0                  # messages to a peer that had already said goodbye
         self._error: BaseException | None = None
         self._outq = {p: queue.Queue(maxsize=spec.max_inflight) for p in self._peers()}
-        self._threads = []
-        for p in self._peers():
-            for target in (self._send_loop, self._recv_loop):
-                th = threading.Thread(target=self._guard, args=(target, p), daemon=True,
-                                      name=f"asap-{target.__name__[1:5]}-{rank}-{p}")
-                th.start()
-                self._threads.append(th)
+        self._held: dict[int, deque] = {p: deque() for p in self._peers()}   # taken from _outq, not yet sent
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._guard, daemon=True, name=f"asap-comm-{rank}")
+        self._thread.start()
 
     def _peers(self):
         return [p for p in range(self.world_size) if p != self.rank]
-
-    def _data_group(self, src: int, dst: int):
-        return self._up if src < dst else self._down
 
     # ---- caller side ---------------------------------------------------
     def send(self, dst: int, header: Header, tensors: list[torch.Tensor]) -> None:
         self._check_dst(dst)
         self._raise_if_failed()
-        envelope = pack_envelope(header, tensors)
-        # Copy now so the caller may reuse its buffers at once, as with the shm transport
-        # (a Rows gathers into a fresh tensor: that is the copy).
-        payload = [as_bytes(t).to(self.device, copy=not isinstance(t, Rows)) for t in tensors if t.numel()]
+        if self._closing:
+            raise RuntimeError(f"rank {self.rank}: send after close")
+        envelope = bytearray(ENVELOPE_BYTES)
+        pack_envelope_into(envelope, 0, header, tensors)
+        # No copy (the caller must not modify sent tensors): a Rows gathers, others are flat views.
+        payload = [as_bytes(t).to(self.device) for t in tensors if t.numel()]
         ready = None
-        if self.device.type == "cuda":   # the sender thread's stream must wait for these copies
+        if self.device.type == "cuda":   # the communication stream must wait for the caller's kernels
             ready = torch.cuda.Event()
             ready.record()
         item, q = (envelope, payload, ready), self._outq[dst]
         try:
             q.put_nowait(item)
+            self._wake.set()
             return
         except queue.Full:
             pass
@@ -131,6 +126,7 @@ class DistTransport(Transport):
             self._cv.notify_all()
         try:
             q.put(item, timeout=self.send_timeout)
+            self._wake.set()
         except queue.Full:
             raise CommTimeout(f"rank {self.rank}: {q.maxsize} messages to rank {dst} still unsent "
                               f"after {self.send_timeout}s") from None
@@ -145,7 +141,7 @@ class DistTransport(Transport):
         with self._cv:
             self._cv.wait_for(lambda: self._inbox or self._error, timeout)
             if self._inbox:
-                self._cv.notify_all()          # room again for a receiver thread
+                self._wake.set()                   # room again: the next round may take payloads
                 return self._inbox.popleft()
         self._raise_if_failed()
         return None
@@ -153,82 +149,128 @@ class DistTransport(Transport):
     def close(self) -> None:
         if self._closing:
             return
-        deadline = time.monotonic() + self._spec.close_timeout
-        for q in self._outq.values():
-            try:                               # goodbye, after everything already queued
-                q.put(None, timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Full:
-                pass                           # that peer is stuck or gone; do not wait on it forever
-        with self._cv:
-            self._closing = True               # from here on, arrivals are dropped, not queued
-            self._cv.notify_all()
-        for th in self._threads:
-            th.join(max(0.0, deadline - time.monotonic()))
+        self._closing = True                       # goodbye to each peer after what is queued for it
+        self._wake.set()
+        self._thread.join(self._spec.close_timeout)
         dist.destroy_process_group()
 
     def _raise_if_failed(self):
         if self._error is not None:
-            raise RuntimeError(f"rank {self.rank}: a peer link failed") from self._error
+            raise RuntimeError(f"rank {self.rank}: the communication thread failed") from self._error
 
-    # ---- link threads --------------------------------------------------
-    def _guard(self, target, peer: int) -> None:
+    # ---- the communication thread ---------------------------------------
+    def _guard(self) -> None:
         try:
             if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)   # the current device is per thread
-            target(peer)
+                torch.cuda.set_device(self.device)            # the current device is per thread
+                with torch.cuda.stream(torch.cuda.Stream(self.device)):
+                    self._loop()
+            else:
+                self._loop()
         except BaseException as e:                 # surfaced on the caller's next send/recv
             with self._cv:
-                if self._error is None and not self._closing:
+                if self._error is None:
                     self._error = e
                 self._cv.notify_all()
 
-    def _send_loop(self, dst: int) -> None:
-        group = self._data_group(self.rank, dst)
-        while True:
-            item = self._outq[dst].get()
-            if item is None:
-                dist.isend(torch.frombuffer(pack_envelope(None, []), dtype=torch.uint8), dst,
-                           group=self._ctrl, tag=ENV_TAG).wait()
-                return
-            envelope, payload, ready = item
-            if ready is not None:
-                torch.cuda.current_stream().wait_event(ready)
-            works = [dist.isend(torch.frombuffer(envelope, dtype=torch.uint8), dst, group=self._ctrl, tag=ENV_TAG)]
-            works += [dist.isend(b, dst, group=group, tag=DATA_TAG) for b in payload]
-            for w in works:
-                w.wait()
-
-    def _recv_loop(self, src: int) -> None:
-        group = self._data_group(src, self.rank)
-        envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8)
-        # One small pool per link (this thread only); on a GPU the caching allocator already reuses.
+    def _loop(self) -> None:
+        live = self._peers()
         pool = BufferPool(max_buffers=4, max_bytes=128 << 20) if self.device.type == "cpu" else None
-        while True:
-            dist.irecv(envelope, src, group=self._ctrl, tag=ENV_TAG).wait(_IDLE_WAIT)
-            header, layout = unpack_envelope(envelope.numpy())
-            if header is None:
-                with self._cv:
-                    self.closed_peers.add(src)
-                    self._cv.notify_all()
-                return                                   # the peer closed; nothing more will come
-            tensors = []
-            for dtype, shape in layout:
-                n = nbytes(dtype, shape)
-                buf = pool.take(torch.uint8, (n,)) if pool else torch.empty(n, dtype=torch.uint8, device=self.device)
-                if buf.numel():
-                    dist.irecv(buf, src, group=group, tag=DATA_TAG).wait()
-                tensors.append(buf.view(dtype).reshape(shape))
-            if self.device.type == "cuda":   # hand over finished tensors, whatever stream the caller uses
+        nap = 0.0
+        while live:
+            busy, live = self._round(live, pool)
+            for p in set(self._peers()) - set(live):       # a dropped pair: its queue never drains by itself
+                while not self._outq[p].empty():
+                    self._outq[p].get_nowait()
+                    self.num_dropped += 1
+            if busy:
+                nap = 0.0
+            else:                                  # nothing moved: wait for a send, a bit longer each time
+                nap = min(_IDLE_MAX_S, nap * 2 or 5e-5)
+                self._wake.wait(nap)
+            self._wake.clear()
+
+    def _round(self, live: list[int], pool) -> tuple[bool, list[int]]:
+        """One round with every live peer -> (whether anything moved, the peers still live after it)."""
+        takes = self._closing or self._send_waiting or len(self._inbox) < self._spec.max_pending
+        out = torch.zeros(len(live), BLOCK_BYTES, dtype=torch.uint8)
+        bye = set()
+        for i, p in enumerate(live):
+            held = self._held[p]
+            while len(held) < SLOTS:
+                try:
+                    held.append(self._outq[p].get_nowait())
+                except queue.Empty:
+                    break
+            buf = out[i].numpy()
+            if self._closing and not held:
+                _BLOCK_HEAD.pack_into(buf, 0, -1, int(takes))
+                bye.add(p)
+                continue
+            _BLOCK_HEAD.pack_into(buf, 0, len(held), int(takes))
+            for j, (env, _, _) in enumerate(held):
+                buf[_BLOCK_HEAD.size + j * ENVELOPE_BYTES:_BLOCK_HEAD.size + (j + 1) * ENVELOPE_BYTES] = env
+        dev_out = out.to(self.device)
+        dev_in = torch.empty(len(live), BLOCK_BYTES, dtype=torch.uint8, device=self.device)
+        _run([dist.P2POp(dist.isend, dev_out[i], p) for i, p in enumerate(live)]
+             + [dist.P2POp(dist.irecv, dev_in[i], p) for i, p in enumerate(live)])
+        blocks = dev_in.cpu().numpy()
+
+        ops, arriving, sent, left = [], [], [], set()
+        for i, p in enumerate(live):
+            count, peer_takes = _BLOCK_HEAD.unpack_from(blocks[i], 0)
+            if count == -1:
+                left.add(p)
+            held = self._held[p]
+            # Both ends decide alike from the two blocks: payloads move iff the sender announced some, the
+            # receiver takes payloads this round, and neither said goodbye.
+            if held and peer_takes and count != -1 and p not in bye:
+                for _, payload, ready in held:
+                    if ready is not None:
+                        torch.cuda.current_stream().wait_event(ready)
+                    ops += [dist.P2POp(dist.isend, b, p) for b in payload]
+                sent.append((p, len(held)))
+            if count > 0 and takes and p not in bye:
+                for j in range(count):
+                    header, layout = unpack_envelope(blocks[i], _BLOCK_HEAD.size + j * ENVELOPE_BYTES)
+                    tensors = []
+                    for dtype, shape in layout:
+                        n = nbytes(dtype, shape)
+                        buf = pool.take(torch.uint8, (n,)) if pool else \
+                            torch.empty(n, dtype=torch.uint8, device=self.device)
+                        if n:
+                            ops.append(dist.P2POp(dist.irecv, buf, p))
+                        tensors.append(buf.view(dtype).reshape(shape))
+                    arriving.append(Message(p, header, tensors))
+        if ops:
+            _run(ops)
+            if self.device.type == "cuda":     # tensors complete before any stream of the caller reads them
                 torch.cuda.current_stream().synchronize()
-            self._deliver(Message(src, header, tensors))
+        for p, n in sent:
+            for _ in range(n):
+                self._held[p].popleft()
+        for m in arriving:
+            self._deliver(m)
+        gone = bye | left
+        for p in gone:                         # the pair is dropped: what is still held for it is lost
+            self.num_dropped += len(self._held[p])
+            self._held[p].clear()
+        if left:
+            with self._cv:
+                self.closed_peers |= left
+                self._cv.notify_all()
+        return bool(sent or arriving or gone), [p for p in live if p not in gone]
 
     def _deliver(self, msg: Message) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: len(self._inbox) < self._spec.max_pending
-                              or self._send_waiting or self._closing)
             if not self._closing:
                 self._inbox.append(msg)
                 self._cv.notify_all()
+
+
+def _run(ops: list) -> None:
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
 
 
 def _pick_device(device: str, rank: int) -> torch.device:
