@@ -15,7 +15,7 @@ from pathlib import Path
 
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
 
-    asap plan --devices 32                                        # 17 s on two idle cores, ~2 min loaded
+    asap plan --devices 32                                        # ~2 min on two cores shared with other jobs
     asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned: minutes
 
 The row marked "analytic" is the split the cost model balances on paper (attention throughput =
