@@ -155,7 +155,12 @@ class Replica:
 
 
 def _to_host(kv):
-    """A request's KV ([layer] -> {name: tensor}) on the CPU, for the engine process."""
-    if all(t.device.type == "cpu" for layer in kv for t in layer.values()):
+    """A request's KV ([layer] -> {name: tensor}) on the CPU, for the engine process: every layer packed
+    into one buffer on the device and copied to the host once per request, not once per tensor."""
+    ts = [t for layer in kv for t in layer.values()]
+    if all(t.device.type == "cpu" for t in ts):
         return kv
-    return [{k: t.cpu() for k, t in layer.items()} for layer in kv]
+    if len({t.dtype for t in ts}) > 1:
+        return [{k: t.cpu() for k, t in layer.items()} for layer in kv]
+    parts = iter(torch.cat([t.reshape(-1) for t in ts]).cpu().split([t.numel() for t in ts]))
+    return [{k: next(parts).view(t.shape) for k, t in layer.items()} for layer in kv]
