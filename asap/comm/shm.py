@@ -29,7 +29,9 @@ a record off the inbound rings (and its pooled buffer) is serialised by one lock
 
 Segment and semaphore names carry the creating process's pid (shm_names.py); a new
 spec first unlinks those whose creator is dead, so a SIGKILL of the whole process
-group (no cleanup ran) leaks nothing past the next start.
+group (no cleanup ran) leaks nothing past the next start. Once every worker has
+connected, unlink_names() removes the names at once (the objects live on while open),
+so such a kill leaks nothing at all.
 """
 from __future__ import annotations
 
@@ -122,6 +124,17 @@ class ShmTransportSpec(TransportSpec):
 
     def connect(self, rank: int) -> "ShmTransport":
         return ShmTransport(self, rank)
+
+    def unlink_names(self) -> None:
+        """Remove every segment's and semaphore's name; call it once every rank has connected (the segments
+        and semaphores live on while open, and vanish with their last user, even if all are SIGKILLed)."""
+        for shm in self._owned:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+        for name in self._owned_sems:
+            NamedSemaphore.unlink(name)
 
     def cleanup(self) -> None:
         while self._owned:

@@ -20,6 +20,7 @@ from concurrent.futures import Future, InvalidStateError
 
 import torch
 
+from asap.comm.shm_names import unlink_semaphores
 from asap.config import ModelConfig, RuntimeConfig
 from asap.engine.errors import EngineClosed, EngineUnavailable, EngineUnhealthy  # noqa: F401 - re-exported
 from asap.workers.layout import build_layout, replica_cost
@@ -76,6 +77,11 @@ class RuntimeEngine:
         except Exception:
             cluster.close()
             raise
+        # Every worker has now opened the shared-memory rings and the queues' semaphores: drop their names
+        # from /dev/shm, so that not even a SIGKILL of the whole process group leaves them behind.
+        if hasattr(cluster.transport_spec, "unlink_names"):
+            cluster.transport_spec.unlink_names()
+        unlink_semaphores(cluster.results, cluster.controls, cluster.stops)
         self.cluster = cluster
         for msg in cluster.early:
             self._handle(msg)
