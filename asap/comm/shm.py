@@ -361,7 +361,20 @@ def _write(ring: Ring, at: int, n: int, t, body: int | None = None, chunk: int =
             if body is not None:
                 ring.progress(at + min(n, (a + rows) * (n // t.index.numel())) - body)
         return
+    if t.device.type == "cuda":
+        _pin(ring)
     dst.copy_(t.materialize() if isinstance(t, Rows) else t.detach())
     if body is not None:
         ring.progress(at + n - body)
+
+
+def _pin(ring: Ring) -> None:
+    """Page-lock a ring the first time a CUDA tensor is written into it, so the device copies straight into
+    shared memory by DMA rather than through the driver's pageable bounce buffer (a second copy)."""
+    if getattr(ring, "pinned", None) is None:
+        try:
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(ring.addr, ring.capacity, 0))
+            ring.pinned = True
+        except Exception:  # noqa: BLE001 - not registrable here: the copy stays pageable, as before
+            ring.pinned = False
 
