@@ -51,14 +51,16 @@ async def _unless_disconnected(work, request: Request):
     gone = asyncio.ensure_future(until_disconnect(request.receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, gone) if not task.done() else (gone,):
-            t.cancel()
-        await asyncio.gather(gone, return_exceptions=True)
-    if not task.done():
-        await asyncio.gather(task, return_exceptions=True)      # its clean-up: cancel the engine's work
-        return None
-    return task.result()
+    except asyncio.CancelledError:      # the server is stopping: stop both
+        task.cancel()
+        gone.cancel()
+        raise
+    if task.done():
+        gone.cancel()
+        return task.result()
+    task.cancel()                       # the client left first
+    await asyncio.gather(task, return_exceptions=True)      # its clean-up: cancel the engine's work
+    return None
 
 
 def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None, public_url: str = "") -> FastAPI:

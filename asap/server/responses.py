@@ -13,8 +13,8 @@ from asap.server.protocol import ApiError, dumps, finite
 
 # Response-size estimate, in JSON bytes (checked against --max-response-mb before any work; the encoded
 # body is checked again after). A token's text is taken as TOKEN_JSON bytes: a typical BPE token is 3-5
-# characters, "token_id:N" without a tokenizer about 12; the encoded check catches a longer average.
-TOKEN_JSON = 12
+# characters, "token_id:N" without a tokenizer at most 15 (+ quotes); the encoded check catches a longer average.
+TOKEN_JSON = 17
 CHOICE_JSON = 300                       # id, index, finish_reason, an empty logprobs, ...
 LOGPROB_JSON = 24                       # a float as JSON, its separator
 
@@ -98,9 +98,9 @@ def estimated_bytes(job) -> int:
     return total
 
 
-def too_big(num_bytes: int, limit: int, measured: bool = False) -> ApiError:
+def too_big(num_bytes: int, limit_mb: float, measured: bool = False) -> ApiError:
     return ApiError(400, f"the response would be {'' if measured else 'about '}{num_bytes / 2**20:.1f} MB, over "
-                         f"--max-response-mb={limit / 2**20:g}: ask for fewer choices (n), fewer logprobs, no echo, "
+                         f"--max-response-mb={limit_mb:g}: ask for fewer choices (n), fewer logprobs, no echo, "
                          "or fewer prompts per request", param="n")
 
 

@@ -98,7 +98,7 @@ class PrefillService:
         job = (parse_completion if kind == "completion" else parse_chat)(body, self.ctx)
         size = R.estimated_bytes(job)
         if size > self.max_response_bytes:
-            raise R.too_big(size, self.max_response_bytes)
+            raise R.too_big(size, self.cfg.max_response_mb)
         return job
 
     async def handle(self, kind: str, body: bytes):
@@ -137,7 +137,7 @@ class PrefillService:
             self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
 
     async def _stream(self, job: Job, rid: str, futures: list, waits: list, arrival: float):
-        outcome, sent = "failed", 0
+        outcome, sent, kv = "failed", 0, None
         try:
             pending = {w: i for i, w in enumerate(waits)}
             end = time.monotonic() + self.cfg.request_timeout_s
@@ -150,14 +150,15 @@ class PrefillService:
                     i = pending.pop(w)
                     out = self._result(w)
                     self.metrics.observe_first_token(out, arrival)
-                    kv = await self._keep_kv(job, out, rid) if job.common.keep_kv else None   # one prompt then
+                    if job.common.keep_kv:                      # one prompt only (requests.py)
+                        kv = await self._keep_kv(job, out, rid)
                     for data in await self.off_loop(self._events, job, rid, i, out, kv):
                         sent += len(data)
                         if sent > self.max_response_bytes:
-                            raise R.too_big(sent, self.max_response_bytes, measured=True)
+                            raise R.too_big(sent, self.cfg.max_response_mb, measured=True)
                         yield data
             if job.common.include_usage:
-                yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, self._usage(job), True))
+                yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, self._usage(job), True, kv))
             outcome = "ok"
         except ApiError as e:
             outcome = e.outcome
@@ -284,7 +285,7 @@ class PrefillService:
         choices = [c for i, out in enumerate(outs) for c in self._choices(job, i, out)]
         data = dumps(R.body(job.kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)).encode()
         if len(data) > self.max_response_bytes:
-            raise R.too_big(len(data), self.max_response_bytes, measured=True)
+            raise R.too_big(len(data), self.cfg.max_response_mb, measured=True)
         return data
 
     def _events(self, job: Job, rid: str, i: int, out, kv: dict | None) -> list[bytes]:
