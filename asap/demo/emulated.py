@@ -13,15 +13,18 @@ Both engines run in their best-tuned configuration for this workload and cluster
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 import time
+import warnings
 
 from asap.bench.runner import Run
 from asap.measure.metrics import summarize
 from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
+from asap.demo.load import contention, flag, machine_load, raised_dilation
 from asap.demo.settings import DemoSettings, demo_requests
 from asap.demo.tuning import rate_text, tuned_configs
+
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
@@ -43,11 +46,16 @@ def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
 
 def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:
     t0 = time.monotonic()
+    load = machine_load()
+    base, s = s.dilation, dataclasses.replace(s, dilation=raised_dilation(s.dilation, load))
+    log(f"EMULATED: load average {load.load_avg:.1f} on {load.cores} cores: dilation {s.dilation:g}"
+        + (f" (raised from {base:g})" if s.dilation != base else ""))
     tuned = tuned_configs(s, s.devices, emulatable_only=True, retune=retune)
     requests = demo_requests(s, s.devices, s.num_requests, s.rate)
     out = {"devices": s.devices, "model": s.model, "hardware": s.hardware, "dilation": s.dilation,
+           "base_dilation": base, "load_avg_before": load.load_avg, "cores": load.cores,
            "num_requests": len(requests), "rate": s.rate, "tuned": tuned["tuning"],
-           "tuned_source": tuned["source"],
+           "tuned_source": tuned["source"], "notes": [],
            "tune_s": time.monotonic() - t0, "engines": {}}
     runs = []
     for engine in ("sync", "async"):
@@ -60,19 +68,39 @@ def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list
         try:
             log(f"EMULATED: {engine}: {len(requests)} requests at {s.rate:g} req/s "
                 f"(~{(requests[-1].arrival + 2) * s.dilation:.0f} s of wall time at dilation {s.dilation:g})")
+            before = contention()
             t1 = time.monotonic()
-            results = target.run(requests)
+            with warnings.catch_warnings(record=True) as caught:     # the replay's lag becomes a figure, not a
+                warnings.simplefilter("always")                      # raw warning with a file path
+                results = target.run(requests)
             wall = time.monotonic() - t1
+            worst = max(before, contention())
+            lag_ms = replay_lag_ms(caught, out["notes"], s.dilation)
             summary = summarize(results)
             runs.append(Run(f"{engine} (EMULATED)", s.rate, results, summary, target.workers(), target.spans(), wall))
             out["engines"][engine] = {"runtime": dataclasses.asdict(runtime), "summary": summary,
-                                      "load_avg_1min": os.getloadavg()[0],
+                                      "contention": worst, "replay_lag_ms": lag_ms,
+                                      "flag": flag(s.dilation, base, worst, lag_ms, summary["ttft_p50_ms"]),
                                       "workers": target.workers(), "startup_s": target.startup_s, "wall_s": wall,
                                       "stall_fraction": mean_fraction(target.workers(), "stall")}
         finally:
             target.close()
+    flags = [f"{e}: {r['flag']}" for e, r in out["engines"].items() if r["flag"]]
+    out["flag"] = "; ".join(flags) or None
     out["wall_s"] = time.monotonic() - t0
     return out, runs
+
+
+def replay_lag_ms(caught, notes: list[str], dilation: float) -> float | None:
+    """The replay's lag from its warning, in emulated time; any other warning is kept as a note."""
+    lag = None
+    for w in caught:
+        m = re.search(r"fell behind schedule by up to (\d+) ms", str(w.message))
+        if m:
+            lag = float(m.group(1)) / dilation
+        else:
+            notes.append(f"{w.category.__name__}: {w.message}")
+    return lag
 
 
 def mean_fraction(workers: dict, kind: str, prefix: str = "") -> float | None:
@@ -89,6 +117,10 @@ def format_emulated(e: dict) -> list[str]:
     for engine, t in e["tuned"].items():
         lines.append(f"  {engine:<5} {t['describe']}  (SIMULATED SLO-compliant rate {rate_text(t, 2)}, "
                      f"best of {t['candidates']})")
+    lines.append(load_line(e))
+    if e.get("flag"):
+        lines.append(f"FLAGGED: the figures below are not trusted ({e['flag']}); compare with the simulator's "
+                     f"replay of this run in part 3")
     head = f"{'':<18}{'SLO attainment':>15}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'max':>9}{'req/s':>8}{'stall':>8}"
     lines.append(head)
     for engine, r in e["engines"].items():
@@ -98,13 +130,17 @@ def format_emulated(e: dict) -> list[str]:
                      f"{m['request_throughput']:>8.2f}{r['stall_fraction']:>8.0%}")
     lines.append("stall = mean fraction of the run each worker spent waiting on a peer (sync: the barrier at "
                  "every MoE layer)")
-    load = max(r["load_avg_1min"] for r in e["engines"].values())
-    cores = os.cpu_count() or 1
-    if load > 2 * cores:
-        lines.append(f"CPU load average {load:.0f} on {cores} cores during these runs: the worker processes "
-                     f"competed for the CPU, which inflates emulated times (sync's barrier waits for the slowest "
-                     f"rank most); compare with the simulator's replay of this run below")
+    lines += [f"note: {n}" for n in e.get("notes", [])]
     return lines
+
+
+def load_line(e: dict) -> str:
+    raised = f", raised from {e['base_dilation']:g}" if e["dilation"] != e["base_dilation"] else ""
+    lags = [f"{k} {r['replay_lag_ms']:.0f} ms" for k, r in e["engines"].items() if r["replay_lag_ms"] is not None]
+    return (f"machine: load average {e['load_avg_before']:.1f} on {e['cores']} cores before this part (dilation "
+            f"{e['dilation']:g}{raised}); CPU contention around the runs "
+            + ", ".join(f"x{r['contention']:.1f} ({k})" for k, r in e["engines"].items())
+            + (f"; replay behind schedule by up to {', '.join(lags)} (emulated time)" if lags else ""))
 
 
 def _s(ms, width: int = 10) -> str:

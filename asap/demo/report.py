@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from asap.demo.tuning import rate_of
+from asap.sim.tune import TARGET
 
-TIE = 0.05      # attainment differences below this are called a tie
+TIE = 0.05      # attainment differences (and relative throughput differences) below this are called a tie
 
 
 def compare(label: str, sync: dict, asyn: dict) -> str:
@@ -24,6 +25,8 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
     gap = max(abs(chk[k]["slo_attainment"] - e[k]["summary"]["slo_attainment"]) for k in chk)
     stall = {k: v["stall_fraction"] for k, v in e.items()}
     scale = _throughput(simulated["tuned"], simulated.get("tuned_source", ""), simulated.get("runs"))
+    emulated_verdict = ("not judged: the figures are FLAGGED (" + emulated["flag"] + ")" if emulated.get("flag")
+                        else compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": "))
     return [
         f"REAL (measured on this CPU, real weights and compute, {real['model']}): async and sync "
         + ("return exactly the reference engine's first tokens, logits and KV"
@@ -31,22 +34,94 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
         f"EMULATED (measured: {emulated['devices']} dies as real worker processes (one per die, or per attention TP "
         f"group) exchanging real messages; compute and link = "
         f"waits from the cost model of DeepSeek-V3 on CloudMatrix384-like dies; best emulatable configurations): "
-        + compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": ")
+        + emulated_verdict
         + f"; workers stalled {stall['sync']:.0%} of the time in sync, {stall['async']:.0%} in async; at "
         f"{emulated['devices']} dies (SIMULATED by the tuner) "
         f"{_throughput(emulated['tuned'], emulated.get('tuned_source', ''))}",
         f"SIMULATED (discrete-event simulator, same cost model, not measured): replaying the emulated run it gives "
-        f"attainments within {gap:.0%} of the emulation's; on {simulated['devices']} dies, {scale}",
-        "Why async wins where it does: sync starts a step only when every rank does, and each MoE layer ends in an "
-        "all-to-all every rank must reach, so a short prompt waits for the longest chunk in flight anywhere; "
-        "async replicas run at their own pace and expert workers serve whatever is ready. Where sync's best "
-        "configuration splits the cluster into small instances with tensor-parallel attention, its barrier "
-        "domains shrink and the gap closes or turns; and on a small cluster async must give its expert pool at "
-        "least the dies that hold every routed expert's weights, while sync spreads them over all its dies and "
-        "runs attention on every die too, so there sync can come out ahead.",
+        f"SLO attainments {gap * 100:.0f} points or less from the emulation's; on {simulated['devices']} dies, {scale}",
+        *verdict_lines(emulated, simulated),
         "Caveats: emulated and simulated figures depend on the cost model (asap/cost); the REAL part checks "
-        "exactness, not speed (on two CPU cores the engines are close: README, 2-device section).",
+        "exactness, not speed (on two CPU cores the engines are close).",
     ]
+
+
+def leads(emulated: dict, simulated: dict) -> list[tuple[str, str | None]]:
+    """(what was compared, "async" | "sync" | None for no lead) for each comparison this run made."""
+    n, big = emulated["devices"], simulated["devices"]
+    out = []
+    if not emulated.get("flag"):
+        e = emulated["engines"]
+        out.append((f"the EMULATED runs on {n} dies", _ahead(e["async"]["summary"]["slo_attainment"],
+                                                              e["sync"]["summary"]["slo_attainment"])))
+    out.append((f"the tuned throughputs on {n} dies (SIMULATED)",
+                _tuned_lead(emulated["tuned"], emulated.get("tuned_source", ""))))
+    out.append((f"the tuned throughputs on {big} dies (SIMULATED)",
+                _tuned_lead(simulated["tuned"], simulated.get("tuned_source", ""))))
+    for r in simulated.get("runs", []):
+        a, s = (r["engines"][k]["slo_attainment"] for k in ("async", "sync"))
+        holds = {k: v >= TARGET for k, v in (("async", a), ("sync", s))}
+        who = "async" if holds["async"] and not holds["sync"] else "sync" if holds["sync"] and not holds["async"] \
+            else None
+        out.append((f"both engines live at {r['rate']:g} req/s on {big} dies (SIMULATED)", who))
+    return out
+
+
+def verdict_lines(emulated: dict, simulated: dict) -> list[str]:
+    """What this run showed, from its own numbers; the explanation only of what it showed."""
+    found = leads(emulated, simulated)
+    by = {k: [what for what, who in found if who == k] for k in ("async", "sync", None)}
+    lines = ["VERDICT of this run: " + "; ".join(
+        f"{label}: {', '.join(by[k])}" for k, label in (("async", "async ahead in"), ("sync", "sync ahead in"),
+                                                         (None, "no lead in")) if by[k])]
+    if by["async"]:
+        lines.append("Why async can lead: sync starts a step only when every rank does, and each MoE layer ends in "
+                     "an all-to-all every rank must reach, so a short prompt waits for the longest chunk in flight "
+                     "anywhere; async replicas run at their own pace and expert workers serve whatever is ready.")
+    if by["sync"]:
+        lines.append("Why sync leads where it does: " + _why_sync(emulated, simulated))
+    if not by["async"] and not by["sync"]:
+        lines.append("Nothing in this run separates the engines: it shows no advantage for async (or for sync).")
+    return lines
+
+
+def _why_sync(emulated: dict, simulated: dict) -> str:
+    """The facts of this run's configurations that favour sync (computed, not asserted)."""
+    from asap.sim.hardware import get_hardware
+    from asap.sim.memory import min_expert_workers
+    from asap.sim.run import get_model
+    need = min_expert_workers(get_model(emulated["model"]), get_hardware(emulated["hardware"]))
+    parts = []
+    for n, tuned in ((emulated["devices"], emulated["tuned"]), (simulated["devices"], simulated["tuned"])):
+        a, s = tuned["async"]["config"], tuned["sync"]["config"]
+        per = n // (a.get("instances") or 1)
+        experts = per - a["attention_workers"] * a["attention_tp"]
+        parts.append(f"on {n} dies async's best gives {experts} of {per} dies to its expert pool (at least {need} "
+                     f"hold every routed expert's weights) and attention to the other {per - experts}, while sync "
+                     f"runs attention and experts on every die"
+                     + (f" in {s['instances']} independent instances of TP{s['attention_tp']} attention, whose "
+                        f"barriers span only their own dies" if s.get("instances", 1) > 1 else
+                        f" with TP{s['attention_tp']} attention" if s.get("attention_tp", 1) > 1 else ""))
+    return "; ".join(parts) + "."
+
+
+def _ahead(a: float, s: float) -> str | None:
+    return "async" if a - s > TIE else "sync" if s - a > TIE else None
+
+
+def _tuned_lead(tuned: dict, source: str) -> str | None:
+    """Who the stored tuning ranks first, or None where it cannot rank them (stale, missing, bounds)."""
+    rs, ra = rate_of(tuned["sync"]), rate_of(tuned["async"])
+    if not (rs and ra) or "STALE" in source or "NOT TUNED" in source:
+        return None
+    bs, ba = tuned["sync"]["max_slo_rate"] is None, tuned["async"]["max_slo_rate"] is None
+    if bs and ba:
+        return None
+    if bs or ba:            # a lower bound leads only where it is already above the other's maximum
+        bounded = "sync" if bs else "async"
+        other = "async" if bs else "sync"
+        return bounded if rate_of(tuned[bounded]) > rate_of(tuned[other]) * (1 + TIE) else None
+    return "async" if ra > rs * (1 + TIE) else "sync" if rs > ra * (1 + TIE) else None
 
 
 def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
