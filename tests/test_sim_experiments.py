@@ -53,12 +53,34 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     assert "[SIMULATED]" in printed and "wall time" in printed
     data = json.loads((tmp_path / "headline.json").read_text())
     assert data["label"] == "SIMULATED" and [r["devices"] for r in data["rows"]] == [4, 8]
+    assert all(out["rows"][0][e]["max_slo_rate"] for e in ("sync", "async"))
     for row in out["rows"]:
+        # an engine whose best outruns the 120 requests (8 one-die sync instances on a 5 ms SLO) has no
+        # maximum, only a lower bound and why (asap.sim.tune); the row then has no ratio
+        if not all(row[e]["max_slo_rate"] for e in ("sync", "async")):
+            assert row["ratio"] is None and all(row[e]["max_slo_rate"] or row[e]["lower_bound"] for e in row
+                                                if e in ("sync", "async"))
+            continue
         for engine in ("sync", "async"):
             assert row[engine]["max_slo_rate"] > 0 and row[engine]["config"]["engine"] == engine
             assert row[engine]["describe"] in printed and row[engine]["ttft_p90_s"] > 0
         assert row["ratio"] == pytest.approx(row["async"]["max_slo_rate"] / row["sync"]["max_slo_rate"])
         assert set(row["ratio_by_slo_scale"]) == ({"1.0", "2.0"} if row["devices"] == 4 else {"1.0"})
+        # the skeptic's columns: ratio at 85/90/95%, the every-bucket criterion, both engines' buckets at one rate
+        assert set(row["ratio_by_target"]) == {"0.85", "0.9", "0.95"}
+        assert row["ratio_by_target"]["0.9"]["ratio"] == row["ratio"]
+        for engine in ("sync", "async"):
+            r85, r95 = row["ratio_by_target"]["0.85"][engine], row["ratio_by_target"]["0.95"][engine]
+            assert r85 is None or r95 is None or r85 >= r95 * 0.9     # a looser target never costs much rate
+            eb = row[engine]["every_bucket"]
+            assert eb["max_slo_rate"] is None or eb["max_slo_rate"] <= row[engine]["max_slo_rate"] * 1.3
+            assert min(b["slo_attainment"] for b in eb["buckets"].values() if b["num_requests"]) >= 0.9 \
+                if eb["buckets"] else True
+        c = row["compared"]
+        assert c["rate"] == min(row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"])
+        assert {b: row["compared"]["sync"]["buckets"][b]["num_requests"] for b in c["sync"]["buckets"]} == \
+            {b: row["compared"]["async"]["buckets"][b]["num_requests"] for b in c["async"]["buckets"]}
+    assert "every prompt-length bucket" in printed and "by prompt length" in printed and "95%" in printed
     assert (tmp_path / "headline.png").stat().st_size > 0
     assert any(e["ph"] == "X" for e in json.loads((tmp_path / "trace_async_4.json").read_text())["traceEvents"])
     from asap.sim.headline import merge_headlines

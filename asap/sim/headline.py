@@ -20,20 +20,22 @@ import json
 import time
 from pathlib import Path
 
+from asap.measure.buckets import by_length, format_buckets, min_bucket_attainment
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.sim.experiments import at_rate
-from asap.sim.memory import min_expert_workers
+from asap.sim.memory import check_memory, min_expert_workers
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
-from asap.sim.tune import INSTANCE_DEVICES, REFINE, EngineConfig, space, tune
+from asap.sim.tune import CRITERIA, REFINE, EngineConfig, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
 LABEL = "SIMULATED"
 WORKLOADS = ("conversation", "synthetic", "fixed-4k")
 DEFAULT_SLO = "2s+1ms/tok"
+TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target (the row is tuned at 0.9)
 
 
 def replicate(c: EngineConfig, devices: int, from_devices: int) -> EngineConfig | None:
@@ -47,35 +49,46 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
     """A configuration found at `from_devices`, on `devices` devices (None where it does not fit)."""
     if c.instances > 1 and c.engine == "async":
         return replicate(c, devices, from_devices)
-    if c.engine == "sync":       # the instance size of asap.sim.tune.space, the same DP group shape
-        per = INSTANCE_DEVICES if devices > INSTANCE_DEVICES and devices % INSTANCE_DEVICES == 0 else devices
-        if per % c.attention_tp:
+    if c.engine == "sync":       # one instance over all the devices, the same DP group shape (replicate keeps
+        try:                     # the instance size)
+            check_memory("sync", get_model(model), get_hardware(hardware), devices, devices, c.attention_tp)
+        except ValueError:
             return None
-        return dataclasses.replace(c, instances=devices // per)
+        return dataclasses.replace(c, instances=1) if devices % c.attention_tp == 0 else None
     e_min = min_expert_workers(get_model(model), get_hardware(hardware))
     a = max(1, round(c.attention_workers * devices / from_devices))
     a = min(a, (devices - e_min) // c.attention_tp)
     return dataclasses.replace(c, attention_workers=a) if a >= 1 else None
 
 
-def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1) -> dict:
-    """A valid-or-not rate search for one fixed configuration (the SLO-scale sweep)."""
+def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1,
+            target: float = 0.9) -> dict:
+    """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps)."""
     mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
 
     def measure(rate):
         res = run(at_rate(requests, rate), c.engine, model, hardware, devices, c.attention_workers, **c.sim_kw())
         return summarize(res.results)
-    return find_max_rate(measure, lo=lo, tol=tol, max_iters=10, burst_above=burst_limit(len(requests), mean_budget))
+    return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10,
+                         burst_above=burst_limit(len(requests), mean_budget))
+
+
+def buckets_at(requests, c: EngineConfig, devices: int, model, hardware, rate: float) -> dict:
+    """Attainment per prompt-length bucket of one configuration at one rate (asap.measure.buckets)."""
+    res = run(at_rate(requests, rate), c.engine, model, hardware, devices, c.attention_workers, **c.sim_kw())
+    return {"overall": summarize(res.results)["slo_attainment"], "min_bucket": min_bucket_attainment(res.results),
+            "buckets": by_length(res.results)}
 
 
 def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
                  num_requests: int = 1500, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
-                 prefix_cache: bool = False) -> dict:
+                 prefix_cache: bool = False, every_bucket: bool = True) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
-    above it (coarse to fine from there), and the earlier rows are kept."""
+    above it (coarse to fine from there), and the earlier rows are kept.
+    every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio."""
     t_start = time.perf_counter()
     base_slo = parse_slo(slo)
     rows = []
@@ -103,6 +116,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                              f"ask for more devices than that (--devices)")
         for devices in todo:
             row = {"workload": str(wl), "devices": devices}
+            t_row = time.perf_counter()
+            caches = {"sync": {}, "async": {}}      # simulations shared by the two criteria's searches
             for engine in ("sync", "async"):
                 if prev_devices is None:
                     cands = None
@@ -115,7 +130,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 t = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
-                         refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache)
+                         refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
+                         cache=caches[engine])
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
@@ -128,14 +144,26 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                                "candidates": t.candidates, "prefix_hit_rate": t.prefix_hit_rate,
                                "lower_bound": t.lower_bound,
                                "lower_bound_describe": t.lower_bound_config.describe(devices)
-                               if t.lower_bound_config else None}
+                               if t.lower_bound_config else None, "buckets": t.buckets,
+                               "num_screened": t.num_screened}
+                if every_bucket:    # the second criterion: its own search, the same space and rule
+                    eb = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
+                              refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
+                              criterion="every-bucket", cache=caches[engine])
+                    row[engine]["every_bucket"] = {
+                        "config": dataclasses.asdict(eb.best) if eb.best else None,
+                        "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
+                        "num_requests": eb.num_requests, "num_sims": eb.num_sims, "reason": eb.reason,
+                        "lower_bound": eb.lower_bound, "buckets": eb.buckets}
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
+            _skeptic(row, reqs, devices, model, hardware, every_bucket)
             # the SLO-scale sweep at the first device count (its cost grows with N)
             first = devices == device_counts[0] and resume is None
             row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales if first else (1.0,),
                                                 devices, model, hardware)
+            row["wall_s"] = time.perf_counter() - t_row
             rows.append(row)
             if verbose:
                 print(format_row(row), flush=True)
@@ -158,6 +186,37 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache}
+
+
+def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool) -> None:
+    """What a skeptic asks of a row: both engines' attainment per prompt-length bucket at the compared rate
+    (the lower of the two maxima, where both claim >= 90% of requests), the ratio at other attainment
+    targets (the two best configurations re-searched), and the ratio under the every-bucket criterion."""
+    s, a = row["sync"], row["async"]
+    cfg = {e: EngineConfig(**row[e]["config"]) for e in ("sync", "async") if row[e]["config"]}
+    if len(cfg) == 2:
+        rate = min(s["max_slo_rate"], a["max_slo_rate"])
+        n = min(len(reqs), max(s["num_requests"] or 0, a["num_requests"] or 0))
+        row["compared"] = {"rate": rate, "num_requests": n,
+                           **{e: buckets_at(reqs[:n], cfg[e], devices, model, hardware, rate) for e in cfg}}
+    rates = {}
+    for target in TARGETS:
+        if target == 0.9:
+            rates[str(target)] = {"sync": s["max_slo_rate"], "async": a["max_slo_rate"]}
+            continue
+        rates[str(target)] = {}
+        for e in ("sync", "async"):
+            if e not in cfg or not row[e]["max_slo_rate"]:
+                rates[str(target)][e] = None
+                continue
+            n = row[e]["num_requests"] or len(reqs)
+            found = rate_at(reqs[:n], cfg[e], devices, model, hardware, row[e]["max_slo_rate"], target=target)
+            rates[str(target)][e] = found["max_slo_rate"] if found["valid"] else None
+    row["ratio_by_target"] = {k: {"ratio": v["async"] / v["sync"] if v["sync"] and v["async"] else None, **v}
+                              for k, v in rates.items()}
+    if every_bucket:
+        se, ae = s["every_bucket"]["max_slo_rate"], a["every_bucket"]["max_slo_rate"]
+        row["ratio_every_bucket"] = ae / se if se and ae else None
 
 
 def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> dict:
@@ -193,8 +252,33 @@ def format_row(row: dict) -> str:
                 f"{r['ttft_p90_s']:.3g} s{cache}) [{r['describe']}]")
     ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}x"
     scales = ", ".join(f"x{k}: {'n/a' if v is None else f'{v:.2f}x'}" for k, v in row["ratio_by_slo_scale"].items())
-    return (f"[{LABEL}] {row['workload']}, {row['devices']} devices: async/sync = {ratio} (SLO scales {scales})\n"
-            f"[{LABEL}]   {one('sync')}\n[{LABEL}]   {one('async')}")
+    lines = [f"[{LABEL}] {row['workload']}, {row['devices']} devices: async/sync = {ratio} (SLO scales {scales})",
+             f"[{LABEL}]   {one('sync')}", f"[{LABEL}]   {one('async')}"]
+    if row.get("ratio_by_target"):
+        lines.append(f"[{LABEL}]   ratio at " + " / ".join(f"{float(k):.0%}" for k in row["ratio_by_target"])
+                     + " of requests within SLO: " + " / ".join(_x(v["ratio"]) for v in row["ratio_by_target"].values())
+                     + "  (rates: " + "; ".join(f"{float(k):.0%} sync {_r(v['sync'])} async {_r(v['async'])}"
+                                               for k, v in row["ratio_by_target"].items()) + ")")
+    if "ratio_every_bucket" in row:
+        eb = {e: row[e]["every_bucket"] for e in ("sync", "async")}
+        lines.append(f"[{LABEL}]   >= 90% in every prompt-length bucket: async/sync = {_x(row['ratio_every_bucket'])}"
+                     + "".join(f"; {e} {_r(eb[e]['max_slo_rate'])} req/s [{eb[e]['describe'] or eb[e]['reason']}]"
+                               for e in eb))
+    if row.get("compared"):
+        c = row["compared"]
+        lines.append(f"[{LABEL}]   by prompt length, both at {c['rate']:.3f} req/s (first {c['num_requests']} "
+                     f"requests):")
+        for e in ("sync", "async"):
+            lines.append(f"[{LABEL}]     {e:<5} {format_buckets(c[e]['buckets'])}")
+    return "\n".join(lines)
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _r(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _write_traces(row, base_slo, workload, num_requests, model, hardware, out_dir, trace_s) -> None:

@@ -40,6 +40,7 @@ from asap.scheduler.request import Request
 from asap.sim.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
+from asap.sim.spec import EngineSpec
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
 FINALISTS = 3               # screened candidates that get a rate search (REFINE of them a fine one)
@@ -74,8 +75,14 @@ class EngineConfig:
             kw.update(microbatches=self.microbatches)
         return kw
 
+    def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
+        """This configuration as the simulator's typed engine (asap.sim.spec.EngineSpec); settings: the rest
+        (zipf, trace_window, ...)."""
+        return EngineSpec(self.engine, model, hardware, devices, self.attention_workers, **self.sim_kw(), **settings)
+
     def describe(self, devices: int) -> str:
-        return self._describe(devices) + (", prefix cache" if self.prefix_cache else "")
+        return (self._describe(devices) + (f", {self.router} router" if self.router != "queue-aware" else "")
+                + (", prefix cache" if self.prefix_cache else ""))
 
     def _describe(self, devices: int) -> str:
         if self.engine == "sync":
