@@ -56,6 +56,14 @@ class LoadModel:
             raise ValueError(f"expert popularity skew must be >= 0, got {self.skew}")
 
 
+# The default load model of every simulated run and of emulated routing: per-batch draws, with the
+# popularity drift derived from TensorRT-LLM's published EPLB load table (asap.sim.calibrate says how and
+# what checks it). LoadModel("expected") reproduces runs made before per-step loads bit for bit.
+DEFAULT_MODE = "drawn"
+DEFAULT_SKEW = 0.12
+DEFAULT_LOAD = LoadModel(DEFAULT_MODE, DEFAULT_SKEW, 0)
+
+
 class StepLoads:
     """Per-batch rows per expert worker, drawn (seeded) from the routing model; see the module doc."""
 
@@ -112,13 +120,15 @@ class StepLoads:
     # ---- draws ----
     def _pick(self, moe_idx: int) -> tuple[int, int]:
         """A random (drift state, noise vector), from a block of picks drawn ahead."""
-        picks, n = self._picks[moe_idx], self._next[moe_idx]
+        n = self._next[moe_idx]
+        picks = self._picks[moe_idx]
         if picks is None or n == len(picks):
-            picks = self._picks[moe_idx] = self.rng.integers(0, NUM_DRIFTS * NUM_NOISE, _INDEX_BLOCK).tolist()
+            ij = self.rng.integers(0, NUM_DRIFTS * NUM_NOISE, _INDEX_BLOCK)
+            picks = self._picks[moe_idx] = list(zip((ij // NUM_NOISE % len(self.q[moe_idx])).tolist(),
+                                                    (ij % NUM_NOISE).tolist()))
             n = 0
         self._next[moe_idx] = n + 1
-        i, j = divmod(picks[n], NUM_NOISE)
-        return i % len(self.q[moe_idx]), j
+        return picks[n]
 
     def rows(self, moe_idx: int, num_tokens: float) -> np.ndarray:
         """Token-expert rows per worker for one batch of `num_tokens` tokens at MoE layer `moe_idx`."""
@@ -131,7 +141,8 @@ class StepLoads:
         """The busiest worker's rows of one batch (rows(...).max(), in fewer numpy calls: the hot path)."""
         i, j = self._pick(moe_idx)
         r = (num_tokens * self.top_k) ** 0.5
-        return max(0.0, r * float((r * self.q[moe_idx][i] + self.sq[moe_idx][i] * self.noise[j]).max()))
+        v = (r * self.q[moe_idx][i] + self.sq[moe_idx][i] * self.noise[j]).max()
+        return r * float(v) if v > 0 else 0.0
 
     def expected_max_share(self, moe_idx: int) -> float:
         """The busiest worker's share of the layer's rows with no drift and no noise (EPLB's own view)."""
@@ -152,3 +163,37 @@ def _slot_table(placement: Placement, layer: int) -> tuple[np.ndarray, np.ndarra
         for k, (e, wt) in enumerate(s):
             expert[w, k], weight[w, k] = e, wt
     return expert.ravel(), weight.ravel(), slots
+
+
+class TokenRouting:
+    """Per-token expert ids for emulated compute, drawn from the same load model as StepLoads: one batch's
+    popularity drift (keyed, so every caller with the same key sees the same drift), then its tokens' picks
+    by the model's rule (groups, then experts inside them), as counts turned into ids. A token may get the
+    same expert twice (counts are drawn, not per-token top-k): the expert side then sees one more row,
+    which is what its cost counts. popularity: [moe_layer][expert] dataset loads (None: uniform)."""
+
+    def __init__(self, model, load: LoadModel, popularity: list[list[float]] | None = None):
+        self.E, self.top_k = model.num_experts, model.top_k
+        self.n_group, self.topk_group = model.n_group, model.topk_group
+        self.load = load
+        n_moe = sum(model.moe_layers)
+        pop = np.ones((n_moe, self.E)) if popularity is None else np.asarray(popularity, dtype=float)
+        self.popularity = pop / pop.sum(axis=1, keepdims=True)
+
+    def route(self, moe_idx: int, num_tokens: int, key: tuple, rng: np.random.Generator) -> np.ndarray:
+        """(num_tokens, top_k) expert ids; `key` picks the batch's drift, `rng` the tokens' own draws."""
+        p = self.popularity[moe_idx]
+        if self.load.skew:
+            z = np.random.default_rng([self.load.seed, 0xD7, moe_idx, *key]).standard_normal(self.E)
+            p = p * np.exp(self.load.skew * z)
+            p = p / p.sum()
+        groups = p.reshape(self.n_group, -1)
+        pg = groups.sum(axis=1)
+        group_picks = rng.multinomial(num_tokens * self.topk_group, pg)
+        per_pick = self.top_k // self.topk_group
+        counts = rng.multinomial(group_picks * per_pick, groups / pg[:, None]).ravel()
+        short = num_tokens * self.top_k - int(counts.sum())     # top_k not a multiple of topk_group
+        if short:
+            counts += rng.multinomial(short, p)
+        ids = rng.permutation(np.repeat(np.arange(self.E), counts))
+        return ids.reshape(num_tokens, self.top_k)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from asap.cost.loads import LoadModel, StepLoads
+from asap.cost.loads import DEFAULT_MODE, DEFAULT_SKEW, LoadModel, StepLoads
 from asap.cost.shares import ExpertShares
 from asap.scheduler.placement import Placement, balanced_placement
 
-__all__ = ["ExpertShares", "LoadModel", "plan_experts", "read_loads", "zipf_loads"]
+__all__ = ["DEFAULT_SKEW", "ExpertShares", "LoadModel", "load_model", "plan_experts", "read_loads", "zipf_loads"]
 
 
 def zipf_loads(num_layers: int, num_experts: int, exponent: float, seed: int = 0) -> list[list[float]]:
@@ -103,11 +103,10 @@ def _max_share(placement: Placement, load: list[float]) -> float:
     return float(per_worker.max())
 
 
-# Defaults for every simulated run: per-batch drawn loads, with the popularity drift derived from
-# TensorRT-LLM's published EPLB load table (asap.sim.calibrate says how, and what it checks).
+# Defaults for every simulated run (asap.cost.loads): per-batch drawn loads, with the popularity drift
+# derived from TensorRT-LLM's published EPLB load table (asap.sim.calibrate says how, and what it checks).
 # expert_load="expected" reproduces runs made before per-step loads bit for bit.
-DEFAULT_LOAD_MODE = "drawn"
-DEFAULT_SKEW = 0.12
+DEFAULT_LOAD_MODE = DEFAULT_MODE
 
 
 def load_model(mode: str | None = None, skew: float | None = None, seed: int = 0) -> LoadModel:

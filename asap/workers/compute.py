@@ -76,6 +76,7 @@ class EmulatedCompute:
         self.dtype, self.device = dtype, torch.device(device)
         self.clock = DeviceClock()          # ops chain on it as on a GPU stream (asap.workers.clock)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.seed = seed
         self.strides = torch.arange(cfg.top_k, device=self.device)[None, :] * max(1, cfg.num_experts // cfg.top_k)
 
     def _wait(self, seconds: float):
@@ -102,9 +103,13 @@ class EmulatedCompute:
         if not moe:
             return stages.StageOut(h=h)
         T, E, K = h.shape[0], self.cfg.num_experts, self.cfg.top_k
-        # Uniform routing, cheap enough not to distort the emulated times: a random first expert per
-        # token plus K fixed, distinct strides.
-        ids = (torch.randint(0, E, (T, 1), generator=self.gen, device=self.device) + self.strides) % E
+        # The simulator's load model (per-batch drift, group-limited picks: asap.cost.loads.TokenRouting) where
+        # the cost table has one; else uniform: a random first expert per token plus K fixed, distinct strides.
+        drawn = self.cost.route(layer, T, self.seed) if hasattr(self.cost, "route") else None
+        if drawn is not None:
+            ids = torch.from_numpy(drawn).to(self.device)
+        else:
+            ids = (torch.randint(0, E, (T, 1), generator=self.gen, device=self.device) + self.strides) % E
         w = torch.full((T, K), 1.0 / K, device=self.device)
         return stages.StageOut(h=h, x=h, topk_ids=ids, topk_weights=w)
 

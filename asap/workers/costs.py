@@ -12,8 +12,13 @@ from asap.cost.model import CostModel
 
 
 class CostTable:
-    def __init__(self, cost: CostModel, nic_per_copy: float = 0.0):
+    def __init__(self, cost: CostModel, nic_per_copy: float = 0.0, routing=None):
         self.cost = cost
+        # Emulated routing (asap.cost.loads.TokenRouting: the simulator's load model, per token), or None:
+        # uniform. Each (layer, call) of a worker gets its batch's drift keyed by its call count there.
+        self.routing = routing
+        self._calls: dict[int, int] = {}
+        self._rngs: dict[int, object] = {}
         # An async expert worker's own combine traffic per row (emulated link; asap.workers.link): its GEMMs
         # and its NIC run side by side, the slower counting, as CostModel.expert_seconds charges them.
         self.nic_per_copy = nic_per_copy
@@ -31,16 +36,37 @@ class CostTable:
         gemm = self.cost.expert_gemm_seconds(num_pairs / g, max(1.0, num_experts_touched / g))
         return max(gemm, num_pairs * self.nic_per_copy)
 
+    def route(self, layer: int, num_tokens: int, stream: int):
+        """(num_tokens, top_k) expert ids of one batch at `layer`, drawn from `routing` (numpy), or None when
+        there is no routing model. `stream`: the worker's own seed for its tokens' draws."""
+        if self.routing is None:
+            return None
+        import numpy as np
+        moe_idx = self.cost.moe_index[layer]
+        n = self._calls.get(moe_idx, 0)
+        self._calls[moe_idx] = n + 1
+        rng = self._rngs.get(stream)
+        if rng is None:
+            rng = self._rngs[stream] = np.random.default_rng([self.routing.load.seed, 0x70, stream])
+        return self.routing.route(moe_idx, num_tokens, (n,), rng)
+
     def head(self, num_rows: int) -> float:
         m = self.cost.model
         return self.cost.rates["attn_proj"].seconds(ops.lm_head_flops(m, num_rows),
                                                     m.hidden_size * m.vocab_size * self.cost.hw.weight_bytes)
 
 
-def cost_table(cfg: ModelConfig, hardware: str, **options) -> CostTable:
-    """options: CostModel's attn_tp, rank_devices, overlapped."""
+def cost_table(cfg: ModelConfig, hardware: str, routing=None, **options) -> CostTable:
+    """options: CostModel's attn_tp, rank_devices, overlapped; routing: asap.cost.loads.TokenRouting or None."""
     from asap.cost.hardware import get_hardware
-    return CostTable(CostModel(cfg, get_hardware(hardware), **options))
+    return CostTable(CostModel(cfg, get_hardware(hardware), **options), routing=routing)
+
+
+def default_routing(cfg: ModelConfig):
+    """The simulator's default load model (asap.sim.experts.load_model's defaults, read from asap.cost.loads:
+    drawn, the calibrated skew) as per-token routing, uniform dataset popularity; None in expected mode."""
+    from asap.cost.loads import DEFAULT_LOAD, TokenRouting
+    return TokenRouting(cfg, DEFAULT_LOAD) if DEFAULT_LOAD.mode == "drawn" else None
 
 
 def runtime_cost_table(cfg: ModelConfig, rt, engine: str) -> CostTable:
@@ -48,6 +74,7 @@ def runtime_cost_table(cfg: ModelConfig, rt, engine: str) -> CostTable:
     engine with (asap.sim.run.build_engine): sync, one rank per DP group of attention_tp devices, compute
     sharing the cores with comm only under two-batch overlap; async, attention_tp per replica."""
     tp = rt.attention_tp
+    routing = default_routing(cfg)
     if engine == "sync":
-        return cost_table(cfg, rt.hardware, attn_tp=tp, rank_devices=tp, overlapped=rt.microbatches > 1)
-    return cost_table(cfg, rt.hardware, attn_tp=tp)
+        return cost_table(cfg, rt.hardware, routing, attn_tp=tp, rank_devices=tp, overlapped=rt.microbatches > 1)
+    return cost_table(cfg, rt.hardware, routing, attn_tp=tp)
