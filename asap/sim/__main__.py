@@ -106,6 +106,8 @@ def add_commands(sub, extra=()) -> None:
     t.add_argument("--length", type=float, default=1.0, help="length of the window (simulated s)")
     t.add_argument("--num-requests", type=int, default=200, help="requests from the Mooncake sample")
     t.add_argument("--out", default="out/sim_trace.json", help="the trace file to write")
+    from asap.sim.explain import add_parser as add_explain     # sets its own run
+    add_explain(sub)
     for add in extra:
         add(sub)
 
