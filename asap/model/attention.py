@@ -19,13 +19,24 @@ from asap.model.batch import Batch, KVCache
 from asap.model.layers import Rotary, rms_norm
 
 
+# Device types where MLA's V is padded to the q/k head dim, and where masked GQA expands K/V (tests flip them).
+PAD_V_ON = {"cpu"}
+EXPAND_GQA_ON = {"cuda"}
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float, gqa: bool = False):
     """q [H,n,d], k [Hk,Lk,d], v [Hk,Lk,dv] -> [n,H,dv]; causal with the chunk placed after `start` cached keys."""
     dv = v.shape[-1]
-    if dv != q.shape[-1]:
+    if dv != q.shape[-1] and q.device.type in PAD_V_ON:
         # CPU flash attention needs equal head dims; padding V with zeros is exact and ~4x faster than the
-        # math fallback MLA (qk 192 vs v 128) would otherwise take.
+        # math fallback MLA (qk 192 vs v 128) would otherwise take. On a GPU V stays unpadded (the fused
+        # kernels there take another V width; benchmarks/gpu_check.py times both).
         v = F.pad(v, (0, q.shape[-1] - dv))
+    if start and gqa and q.device.type in EXPAND_GQA_ON:
+        # A mask and enable_gqa together leave only the math kernel on CUDA builds; expanded K/V (the same
+        # numbers) let the fused masked kernel run. On a CPU the expansion measured slower: not done there.
+        rep = q.shape[0] // k.shape[0]
+        k, v, gqa = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0), False
     q, k, v = q[None], k[None], v[None]           # the fused kernels want a batch dim
     if start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
