@@ -272,3 +272,12 @@ def test_bad_public_urls_are_refused_at_start():
         with pytest.raises(ValueError, match="public_url"):
             ServerConfig(public_url=bad)
     assert math.isfinite(ServerConfig().max_response_mb)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_the_answer_encoded_choice_by_choice_is_the_same_json(kind):
+    choices = [R.Choice(i, [i + 3], f"t{i} \"quoted\" \ud800", [R.TokenLogprob(5, -0.5, [(5, -0.5), (6, -1.5)])])
+               for i in (2, 0, 1)]
+    whole = R.body(kind, "id-1", 'model "choices":[]', choices, None, R.usage(3, 3), {"kv_url": "u"})
+    assert json.loads(R.encode_body(kind, "id-1", 'model "choices":[]', choices, None, R.usage(3, 3),
+                                    {"kv_url": "u"})) == json.loads(json.dumps(whole))

@@ -138,6 +138,19 @@ def body(kind: str, rid: str, model: str, choices: list[Choice], tokenizer, use:
             "kv_transfer_params": kv_transfer_params}
 
 
+def encode_body(kind: str, rid: str, model: str, choices: list[Choice], tokenizer, use: dict | None,
+                kv_transfer_params: dict | None) -> bytes:
+    """body(...) as JSON bytes, one choice at a time: no single json.dumps call holds the GIL for the whole
+    answer (the event loop's thread gets it between choices), and only one choice's dicts exist at once."""
+    head = dumps(body(kind, rid, model, [], tokenizer, use, kv_transfer_params))
+    before, after = head.split('"choices":[]', 1)      # the one top-level key; strings in it are escaped
+    parts = [before, '"choices":[']
+    for i, c in enumerate(sorted(choices, key=lambda c: c.index)):
+        made = _completion_choice(c, tokenizer) if kind == "completion" else _chat_choice(c, tokenizer, False)
+        parts += ["," if i else "", dumps(made)]
+    return "".join(parts + ["]", after]).encode()
+
+
 def chunk(kind: str, rid: str, model: str, choices: list[Choice], tokenizer, use: dict | None,
           with_usage: bool, kv_transfer_params: dict | None = None) -> dict:
     """One stream chunk: one choice's token, or (choices=[]) the final usage chunk. The last chunk before

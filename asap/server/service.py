@@ -25,7 +25,7 @@ from asap.server.config import ServerConfig
 from asap.server.kv_store import KVStore, kv_metadata, kv_tensors, stream_chunks, stream_size, transfer_params
 from asap.server.metrics import ServerMetrics
 from asap.server.params import generation_defaults
-from asap.server.protocol import ApiError, dumps
+from asap.server.protocol import ApiError
 from asap.server.requests import Context, Job, parse_chat, parse_completion
 from asap.server.sampling import sample
 from asap.server.sse import DONE, error_event, event
@@ -283,7 +283,7 @@ class PrefillService:
     def _encode(self, job: Job, rid: str, outs: list, kv: dict | None) -> bytes:
         """The whole answer as JSON bytes; 400 if it is over --max-response-mb after all."""
         choices = [c for i, out in enumerate(outs) for c in self._choices(job, i, out)]
-        data = dumps(R.body(job.kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)).encode()
+        data = R.encode_body(job.kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)
         if len(data) > self.max_response_bytes:
             raise R.too_big(len(data), self.cfg.max_response_mb, measured=True)
         return data
