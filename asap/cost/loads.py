@@ -22,9 +22,10 @@ each worker's standardised count noise. A batch of R = T * top_k rows then gets
 which is a numpy expression over the W workers: a few microseconds. The noise is Gaussian in shape at
 the reference size (T_REF tokens); below it the count noise is rounded off at 0.
 
-Where `skew` comes from: asap/sim/calibrate.py (SKEW): fitted so that SGLang's "default expert
-distribution" prefill point is reproduced given its "simulated perfect EPLB" point (lmsys 2025-05-05),
-checked against an independent published expert-load statistic (TensorRT-LLM's EPLB table) there.
+Where the default `skew` (0.12) comes from: a published expert-load statistic, TensorRT-LLM's EPLB table
+(DeepSeek-R1, EP32, 9 slots per rank: busiest-rank imbalance 0.109, rank std 52 rows; the model: 0.108,
+50.6). asap/sim/calibrate.py shows the derivation, its checks (SGLang's 1K/2K/4K series shape) and why
+the skew that would reproduce SGLang's default point from its perfect-EPLB point (~0.56) is rejected.
 """
 from __future__ import annotations
 
