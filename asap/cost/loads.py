@@ -19,8 +19,11 @@ layer, NUM_DRIFTS drift states give each worker's mean share q_w; one bank of NU
 drawn once from the routing rule (step 3) for a reference batch through the layer-0 placement, gives
 each worker's standardised count noise. A batch of R = T * top_k rows then gets
     rows_w = R * q_w + sqrt(R * q_w) * noise_w        (a drift state and a noise vector picked at random)
-which is a numpy expression over the W workers: a few microseconds. The noise is Gaussian in shape at
-the reference size (T_REF tokens); below it the count noise is rounded off at 0.
+which is a numpy expression over the W workers (`rows`, what a sync all-to-all needs). An async expert
+batch needs only the busiest worker (`max_rows`), so per layer NUM_TABLE (drift, noise) pairs have
+max_w (q_w + noise_w sqrt(q_w) / sqrt(R)) tabulated on a log grid of R at construction; a draw is then a
+table lookup and an interpolation in pure Python. The noise is Gaussian in shape at the reference size
+(T_REF tokens); below it the count noise is rounded off at 0.
 
 Where the default `skew` (0.12) comes from: a published expert-load statistic, TensorRT-LLM's EPLB table
 (DeepSeek-R1, EP32, 9 slots per rank: busiest-rank imbalance 0.109, rank std 52 rows; the model: 0.108,
@@ -29,6 +32,7 @@ the skew that would reproduce SGLang's default point from its perfect-EPLB point
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +44,11 @@ NUM_DRIFTS = 64         # drift states per MoE layer
 NUM_NOISE = 64          # routing-noise vectors (shared by the layers)
 T_REF = 8192            # tokens of the reference batch the noise is drawn for
 _INDEX_BLOCK = 4096     # random (drift, noise) picks drawn at a time
+NUM_TABLE = 64          # (drift, noise) pairs per layer tabulated for max_rows
+_GRID_N = 22            # log-spaced sqrt(rows) from 1 to ~10^4.5 (a batch of 1 to ~10^8 tokens at top-8)
+_GRID_LO, _GRID_HI = 0.0, 10.5
+_GRID_INV = (_GRID_N - 1) / (_GRID_HI - _GRID_LO)
+_GRID = np.linspace(_GRID_LO, _GRID_HI, _GRID_N)
 
 
 @dataclass(frozen=True)
@@ -87,8 +96,11 @@ class StepLoads:
         self.q = [list(q) for q in drifts]
         self.sq = [list(np.sqrt(q)) for q in drifts]
         self.noise = list(self._routing_noise(n_group, topk_group))          # [NUM_NOISE] (W,)
+        self._tables = [self._max_table(layer) for layer in range(L)]
         self._picks: list = [None] * L
         self._next = [0] * L
+        self._max_picks: list = [None] * L
+        self._next_max = [0] * L
 
     # ---- construction ----
     def _worker_share(self, layer: int, p: np.ndarray) -> np.ndarray:
@@ -118,6 +130,15 @@ class StepLoads:
         expect = T_REF * self.top_k * self.mean[0]
         return (rows - expect) / np.sqrt(np.maximum(expect, 1e-12))
 
+    def _max_table(self, layer: int) -> list[list[float]]:
+        """For NUM_TABLE random (drift, noise) pairs: max_w (q_w + c_w / r) on a log grid of r = sqrt(rows),
+        so a batch's busiest worker is R * (that), interpolated: max_rows without numpy on the hot path."""
+        i = self.rng.integers(0, len(self.q[layer]), NUM_TABLE)
+        j = self.rng.integers(0, NUM_NOISE, NUM_TABLE)
+        q = np.asarray(self.q[layer])[i]                                        # (C, W)
+        c = np.asarray(self.sq[layer])[i] * np.asarray(self.noise)[j]           # (C, W)
+        return np.stack([(q + c * math.exp(-g)).max(axis=1) for g in _GRID], axis=1).tolist()   # (C, G)
+
     # ---- draws ----
     def _pick(self, moe_idx: int) -> tuple[int, int]:
         """A random (drift state, noise vector), from a block of picks drawn ahead."""
@@ -139,11 +160,21 @@ class StepLoads:
         return np.maximum(out, 0.0, out=out)
 
     def max_rows(self, moe_idx: int, num_tokens: float) -> float:
-        """The busiest worker's rows of one batch (rows(...).max(), in fewer numpy calls: the hot path)."""
-        i, j = self._pick(moe_idx)
-        r = (num_tokens * self.top_k) ** 0.5
-        v = (r * self.q[moe_idx][i] + self.sq[moe_idx][i] * self.noise[j]).max()
-        return r * float(v) if v > 0 else 0.0
+        """The busiest worker's rows of one batch: the hot path (once per async expert batch), so from a
+        table of NUM_TABLE drawn (drift, noise) pairs per layer, interpolated in log sqrt(rows) (<0.5%)."""
+        n = self._next_max[moe_idx]
+        picks = self._max_picks[moe_idx]
+        if picks is None or n == len(picks):
+            picks = self._max_picks[moe_idx] = self.rng.integers(0, NUM_TABLE, _INDEX_BLOCK).tolist()
+            n = 0
+        self._next_max[moe_idx] = n + 1
+        row = self._tables[moe_idx][picks[n]]
+        R = num_tokens * self.top_k
+        x = (0.5 * math.log(R) - _GRID_LO) * _GRID_INV if R > 0 else 0.0
+        k = min(max(int(x), 0), _GRID_N - 2)
+        f = min(max(x - k, 0.0), 1.0)
+        v = row[k] + f * (row[k + 1] - row[k])
+        return R * v if v > 0 else 0.0
 
     def expected_max_share(self, moe_idx: int) -> float:
         """The busiest worker's share of the layer's rows with no drift and no noise (EPLB's own view)."""
