@@ -86,3 +86,11 @@ def test_calibration_points_and_the_prompt_series_shape():
         assert s["simulated_ratio_to_4k"] == pytest.approx(s["published_ratio_to_4k"], rel=0.05)
     lo, hi = out["tbo_gain_band"]
     assert lo <= out["tbo_gain"] <= hi
+
+
+def test_the_tabulated_busiest_worker_agrees_with_the_full_draws():
+    d = shares(workers=63, redundant=None, skew=SKEW).draws
+    for tokens in (1, 300, 20000, 262144):
+        fast = np.mean([d.max_rows(7, tokens) for _ in range(2000)])
+        full = np.mean([d.rows(7, tokens).max() for _ in range(2000)])
+        assert fast == pytest.approx(full, rel=0.02)
