@@ -90,7 +90,7 @@ def test_calibration_points_and_the_prompt_series_shape():
 
 def test_the_tabulated_busiest_worker_agrees_with_the_full_draws():
     d = shares(workers=63, redundant=None, skew=SKEW).draws
-    for tokens in (1, 300, 20000, 262144):
+    for tokens in (30, 300, 20000, 262144):        # (a batch of a few tokens is not Gaussian in either)
         fast = np.mean([d.max_rows(7, tokens) for _ in range(2000)])
         full = np.mean([d.rows(7, tokens).max() for _ in range(2000)])
         assert fast == pytest.approx(full, rel=0.02)
