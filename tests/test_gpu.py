@@ -166,6 +166,43 @@ def test_spans_time_the_device_with_events_and_never_wait_in_the_loop():
     assert [(k, round((b - a) * 1e3, 6)) for k, a, b in forced] == [("stall", 2.0)]
 
 
+# ---- CPU: benchmarks/gpu_check.py's dry run ----
+
+def _gpu_check(tmp_path, *args):
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "check.json"
+    env = dict(os.environ, PYTHONPATH=root)                 # uninstalled, as on the GPU machine
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"), "--device", "cpu",
+                        "--json", str(out), *args], capture_output=True, text=True, timeout=110, env=env)
+    return p, json.loads(out.read_text())
+
+
+@pytest.mark.timeout(120)
+def test_gpu_check_dry_run_ends_in_a_verdict_and_a_json(tmp_path):
+    p, report = _gpu_check(tmp_path, "--quick", "--tokens", "32")
+    last = p.stdout.strip().splitlines()[-1]
+    assert p.returncode == 0 and last.startswith("VERDICT: PASS") and "DRY RUN ON THE CPU" in last, p.stdout + p.stderr
+    exact, layer = report["phases"]
+    assert exact["ok"] and exact["workers"] and all(w["weights_on"] == "cpu" for w in exact["workers"])
+    assert {r for w in exact["workers"] for r in w["roles"]} == {"attention", "experts"}
+    assert layer["ok"] and layer["rows"][0]["T"] == 32
+
+
+@pytest.mark.timeout(120)
+def test_gpu_check_fails_when_a_worker_ran_elsewhere_and_at_its_deadline(tmp_path):
+    # Workers that ran on the CPU fail a check that expects the GPU: the check cannot pass on the wrong device.
+    p, report = _gpu_check(tmp_path, "--quick", "--skip-layer", "--expect-device", "cuda")
+    assert p.returncode == 1 and "VERDICT: FAIL" in p.stdout
+    assert "not on cuda" in report["phases"][0]["device_check"]
+    # A deadline shorter than the work: killed, and still a verdict and a JSON.
+    p, report = _gpu_check(tmp_path, "--quick", "--deadline", "15")
+    assert p.returncode != 0 and "VERDICT: FAIL" in p.stdout and report["verdict"] == "FAIL"
+
+
 # ---- CUDA ----
 
 @cuda

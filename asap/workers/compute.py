@@ -8,6 +8,9 @@ messages, scheduling and queues stay real.
 """
 from __future__ import annotations
 
+import json
+import multiprocessing.util
+import os
 import time
 
 import torch
@@ -30,6 +33,19 @@ class RealCompute:
         self.side = load_attention_side(model_dir, dtype, device) if attention else None
         self.shard = load_expert_shard(model_dir, expert_ids, dtype, device) if expert_ids is not None else None
         self.cfg: ModelConfig = self.side.cfg if self.side else ModelConfig.from_dir(model_dir)
+        if os.environ.get("ASAP_WORKER_REPORT"):      # benchmarks/gpu_check.py: where each worker really ran
+            self.report(os.environ["ASAP_WORKER_REPORT"])
+            multiprocessing.util.Finalize(None, self.report, (os.environ["ASAP_WORKER_REPORT"],), exitpriority=1)
+
+    def report(self, folder: str) -> None:
+        """Write <folder>/<pid>.json: the device its weights are on and its peak device memory so far."""
+        w = self.side.embed if self.side else next(iter(self.shard.gate_up.values()), None)
+        cuda = self.device.type == "cuda"
+        info = {"pid": os.getpid(), "roles": ["attention"] * bool(self.side) + ["experts"] * bool(self.shard),
+                "device": str(self.device), "weights_on": str(w.device) if w is not None else None,
+                "peak_bytes": torch.cuda.max_memory_allocated(self.device) if cuda else None}
+        with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+            json.dump(info, f)
 
     def new_kv(self) -> KVCache:
         return KVCache(self.cfg, self.dtype, self.device)
