@@ -90,7 +90,9 @@ def test_calibration_points_and_the_prompt_series_shape():
 
 def test_the_tabulated_busiest_worker_agrees_with_the_full_draws():
     d = shares(workers=63, redundant=None, skew=SKEW).draws
-    for tokens in (30, 300, 20000, 262144):        # (a batch of a few tokens is not Gaussian in either)
+    # the table holds 64 of the 64 x 64 (drift, noise) pairs per layer: a sample, so small batches (where the
+    # noise decides) agree within 5%, the batches an expert pool sees (thousands of tokens) within 2%
+    for tokens, rel in ((30, 0.05), (300, 0.05), (2000, 0.02), (20000, 0.02), (262144, 0.02)):
         fast = np.mean([d.max_rows(7, tokens) for _ in range(2000)])
         full = np.mean([d.rows(7, tokens).max() for _ in range(2000)])
-        assert fast == pytest.approx(full, rel=0.02)
+        assert fast == pytest.approx(full, rel=rel)
