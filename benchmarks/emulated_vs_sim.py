@@ -42,12 +42,12 @@ def requests_at(s, devices: int, rate: float):
 def lone(engine: str, s, runtime) -> None:
     import asap
     from asap.scheduler.request import Request
-    from asap.sim.from_runtime import sim_kwargs
+    from asap.sim.from_runtime import engine_spec
     from asap.sim.run import run
     with asap.LLM(s.model, engine=engine, runtime=runtime) as llm:
         llm.submit(num_tokens=2000).result(timeout=600)          # warm-up
         for n in (500, 2000, 8000):
-            sim = run([Request(0, n)], model_cfg=s.model, **sim_kwargs(runtime, engine)).results[0].ttft
+            sim = run([Request(0, n)], engine_spec(runtime, engine, s.model)).results[0].ttft
             t0 = time.monotonic()
             llm.submit(num_tokens=n).result(timeout=600)
             emu = (time.monotonic() - t0) / s.dilation

@@ -8,8 +8,9 @@ from asap.config import RuntimeConfig
 from asap.pipeline.depth import expert_batch_cap
 from asap.pipeline.step import Attend, order
 from asap.scheduler.request import Request
-from asap.sim.from_runtime import HONOURED, MECHANICS, sim_kwargs
+from asap.sim.from_runtime import HONOURED, MECHANICS, engine_spec
 from asap.sim.run import build_engine, run
+from asap.sim.spec import EngineSpec
 
 SMALL = dict(model_cfg="small-deepseek-v3", hardware="h800")
 
@@ -22,7 +23,8 @@ def _attention_order(spans, group):
 
 @pytest.mark.parametrize("engine,extra", [("async", dict(devices=3, attention_workers=1)), ("sync", dict(devices=2))])
 def test_the_simulated_engines_attend_in_the_pipeline_order(engine, extra):
-    eng = build_engine(engine, **SMALL, **extra, token_budget=4096, router="round-robin")
+    eng = build_engine(EngineSpec(engine, SMALL["model_cfg"], SMALL["hardware"], **extra, token_budget=4096,
+                                  router="round-robin"))
     out = run([Request(0, 4096)], engine, **SMALL, **extra, token_budget=4096, router="round-robin",
               trace_window=(0.0, 1e9))
     group = "attention" if engine == "async" else "rank"
@@ -36,26 +38,26 @@ def test_every_runtime_field_is_mapped_or_named_as_mechanics():
     assert not unclassified, f"classify these RuntimeConfig fields in asap/sim/from_runtime.py: {unclassified}"
 
 
-def test_sim_kwargs_carry_the_policies_and_the_one_batch_cap():
+def test_the_engine_spec_carries_the_policies_and_the_one_batch_cap():
     rt = RuntimeConfig(attention_workers=2, expert_workers=3, token_budget=512, adaptive_depth=True,
                        redundant_experts=2, selector="largest", aggregation_window_ms=2.0, order="sjf")
-    kw = sim_kwargs(rt, "async")
-    assert kw["devices"] == 5 and kw["attention_workers"] == 2 and kw["microbatches"] == "adaptive"
-    assert kw["redundant_experts"] == 2 and kw["selector"] == "largest" and kw["window_s"] == pytest.approx(0.002)
-    assert kw["max_batch_tokens"] == expert_batch_cap(512) and kw["order"] == "sjf"
-    sync = sim_kwargs(RuntimeConfig(devices=4, microbatches=1), "sync")
-    assert sync["devices"] == 4 and sync["two_batch_overlap"] is False
+    kw = engine_spec(rt, "async")
+    assert kw.devices == 5 and kw.attention_workers == 2 and kw.microbatches == "adaptive"
+    assert kw.redundant_experts == 2 and kw.selector == "largest" and kw.window_s == pytest.approx(0.002)
+    assert kw.max_batch_tokens == expert_batch_cap(512) and kw.order == "sjf"
+    sync = engine_spec(RuntimeConfig(devices=4, microbatches=1), "sync")
+    assert sync.devices == 4 and sync.two_batch_overlap is False
 
 
 def test_a_field_the_simulator_cannot_honour_is_an_error_naming_it():
     with pytest.raises(ValueError, match="RuntimeConfig.admission"):
-        sim_kwargs(RuntimeConfig(admission="reject"), "async")
+        engine_spec(RuntimeConfig(admission="reject"), "async")
     with pytest.raises(ValueError, match="RuntimeConfig.admission"):
         sim_target("async", "tiny-deepseek-v3", RuntimeConfig(admission="demote"), 2)
     with pytest.raises(ValueError, match="RuntimeConfig.microbatches"):
-        sim_kwargs(RuntimeConfig(microbatches=6, adaptive_depth=True), "async")
+        engine_spec(RuntimeConfig(microbatches=6, adaptive_depth=True), "async")
     with pytest.raises(ValueError, match="engine"):
-        sim_kwargs(RuntimeConfig(), "both")
+        engine_spec(RuntimeConfig(), "both")
 
 
 def test_sim_target_runs_the_mapped_engine():

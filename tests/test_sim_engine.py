@@ -9,6 +9,7 @@ from asap.scheduler.request import Request
 from asap.scheduler.router import RoundRobinRouter
 from asap.sim.events import Event
 from asap.sim.run import build_engine, run, simulate
+from asap.sim.spec import EngineSpec
 from asap.sim.simulator import Simulator
 
 SMALL = dict(model_cfg="small-deepseek-v3", hardware="h800")
@@ -134,7 +135,8 @@ def test_a_selector_mixing_layers_is_rejected():
     class Bad:
         def select(self, ready, now):
             return list(range(len(ready)))
-    engine = build_engine("async", devices=8, attention_workers=4, selector=Bad(), **SMALL)
+    engine = build_engine(EngineSpec("async", SMALL["model_cfg"], SMALL["hardware"], devices=8, attention_workers=4,
+                                     selector=Bad()))
     for work in (WorkInfo("a", 0, 1, 100, 0.0), WorkInfo("b", 1, 2, 100, 0.0)):
         engine.ready.push(work)
     with pytest.raises(ValueError, match="mixed layers"):

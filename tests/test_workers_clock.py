@@ -17,7 +17,7 @@ from asap.cost.hardware import get_hardware
 from asap.model.config import ModelConfig
 from asap.model.materialize import resolve_model
 from asap.scheduler.request import Request
-from asap.sim.from_runtime import sim_kwargs
+from asap.sim.from_runtime import engine_spec
 from asap.sim.run import run
 from asap.workers.clock import DeviceClock
 from test_workers_link import Wire      # a transport that hands over a fixed list of messages
@@ -59,7 +59,7 @@ def test_a_lone_prompt_takes_the_simulated_time_on_deepseek_v3(roomy, engine, la
     rt = RuntimeConfig(compute="emulated", hardware=roomy, dilation=4.0, microbatches=2, router="round-robin",
                        **layout)
     cfg = ModelConfig.from_dir(resolve_model("deepseek-v3", config_only=True))
-    sim = run([Request(0, 512)], model_cfg=cfg, **sim_kwargs(rt, engine)).results[0].ttft
+    sim = run([Request(0, 512)], engine_spec(rt, engine, cfg)).results[0].ttft
     with asap.LLM("deepseek-v3", engine=engine, runtime=rt) as llm:
         llm.submit(num_tokens=512).result(timeout=60)                  # warm-up
         took = []

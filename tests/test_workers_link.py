@@ -20,7 +20,7 @@ from asap.cost.hardware import get_hardware
 from asap.model.config import ModelConfig
 from asap.model.materialize import resolve_model
 from asap.scheduler.request import Request
-from asap.sim.from_runtime import sim_kwargs
+from asap.sim.from_runtime import engine_spec
 from asap.sim.run import run
 from asap.workers.link import EmulatedLink
 
@@ -88,7 +88,7 @@ def slow_link(tmp_path_factory):
 def test_a_lone_prompt_takes_the_simulated_link_time(slow_link, engine, layout):
     rt = RuntimeConfig(compute="emulated", hardware=slow_link, router="round-robin", **layout)
     cfg = ModelConfig.from_dir(resolve_model("tiny-deepseek-v3", config_only=True))
-    sim = run([Request(0, 64)], model_cfg=cfg, **sim_kwargs(rt, engine)).results[0].ttft
+    sim = run([Request(0, 64)], engine_spec(rt, engine, cfg)).results[0].ttft
     link_only = 2 * sum(cfg.moe_layers) * 0.025
     assert sim > link_only, "the simulated TTFT should be mostly link"
     with asap.LLM("tiny-deepseek-v3", engine=engine, runtime=rt) as llm:

@@ -121,12 +121,12 @@ class EngineTarget:
 
 
 def sim_target(engine: str, model: str, runtime: RuntimeConfig, devices: int) -> SimulatedTarget:
-    """The simulator with the engine's layout and policies (asap.sim.from_runtime.sim_kwargs: a runtime
+    """The simulator with the engine's layout and policies (asap.sim.from_runtime.engine_spec: a runtime
     field it cannot honour is an error); `runtime.hardware` picks the profile."""
-    from asap.sim.from_runtime import sim_kwargs
+    from asap.sim.from_runtime import engine_spec
     from asap.sim.run import simulate
     spec = model if not (Path(model) / "config.json").is_file() else ModelConfig.from_dir(model)
-    fn = partial(simulate, model_cfg=spec, **sim_kwargs(runtime, engine, devices))
+    fn = partial(simulate, engine=engine_spec(runtime, engine, spec, devices))
     return SimulatedTarget(fn, label=f"sim-{engine} (SIMULATED, {runtime.hardware})")
 
 

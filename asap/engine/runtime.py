@@ -30,9 +30,10 @@ from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.scheduler.request import Request
 from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
-from asap.scheduler.router import QueueAwareRouter, ReplicaLoad, make_router
+from asap.engine.loads import ReplicaBook
+from asap.scheduler.router import QueueAwareRouter, make_router
 from asap.workers.launcher import Cluster
-from asap.workers.messages import Abort, Failure, Result, RoutingCounts, Spans, Started, Submit
+from asap.workers.messages import Abort, Failure, Planned, Result, RoutingCounts, Spans, Started, Submit
 from asap.workers.spans import SpanLog, fractions
 
 
@@ -52,12 +53,13 @@ class RuntimeEngine:
         self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
         cost = replica_cost(self.cfg, rt, mode)
         self.router = make_router(rt.router, cost)
+        self.router_cost = cost                          # predicts a replica's step in progress (asap.engine.loads)
         self.predictor = QueueAwareRouter(cost)          # predicted TTFT for admission, whatever the router
         self.admission = SLOAdmission(rt.admission, rt.admission_slack)
         self.max_outstanding = rt.max_queue * self.num_replicas
         self._lock = threading.Lock()
         self._futures: dict[int, tuple[Future, int, float]] = {}      # id -> (future, replica, submitted)
-        self._loads = [dict() for _ in range(self.num_replicas)]     # replica -> {id: tokens}
+        self._loads = [ReplicaBook() for _ in range(self.num_replicas)]   # the router's view (asap.engine.loads)
         self._started: dict[int, float] = {}                          # id -> first scheduled (running requests)
         self.spans = SpanLog()        # {worker: spans}, bounded per worker
         self.errors: list[str] = []
@@ -114,8 +116,7 @@ class RuntimeEngine:
             if len(self._futures) >= self.max_outstanding:
                 fut.set_exception(QueueFull(f"{len(self._futures)} requests in flight (max_queue x replicas)"))
                 return fut
-            loads = [ReplicaLoad(i, len(l), sum(l.values()), [(t, 0) for t in l.values()])
-                     for i, l in enumerate(self._loads)]
+            loads = [book.load(i) for i, book in enumerate(self._loads)]
             replica = self.router.route(req, loads, now)
             try:
                 self.admission.admit(req, self.predictor.predict(req, loads[replica], now) - now, now)
@@ -123,7 +124,7 @@ class RuntimeEngine:
                 fut.set_exception(e)
                 return fut
             self._futures[request_id] = (fut, replica, now)
-            self._loads[replica][request_id] = n
+            self._loads[replica].add(request_id, n)
         self.cluster.controls[replica].put(Submit(request_id, None if self.emulated else prompt, n, now, deadline,
                                                   req.priority, prompt_logprobs))
         fut.add_done_callback(lambda f: f.cancelled() and self._abort(request_id))
@@ -191,6 +192,9 @@ class RuntimeEngine:
                                                  PromptLogprobs.from_parts(msg.prompt_logprobs)))
             except InvalidStateError:
                 pass
+        elif isinstance(msg, Planned):
+            with self._lock:
+                self._loads[msg.replica].planned(msg.step, time.monotonic(), self.router_cost)
         elif isinstance(msg, Started):
             with self._lock:
                 if msg.request_id in self._futures:

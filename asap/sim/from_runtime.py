@@ -4,7 +4,7 @@ Every RuntimeConfig field is in exactly one of three groups:
   HONOURED   mapped to a simulator argument below (layout, scheduling, selection, placement, hardware);
   MECHANICS  how the real runtime runs (transport, processes, timeouts, emulation): the simulator
              models the hardware profile's link and compute instead, by design;
-  anything else must be at its default: `sim_kwargs` raises a ValueError naming the field, never
+  anything else must be at its default: `engine_spec` raises a ValueError naming the field, never
              drops it silently. A new RuntimeConfig field lands here until someone classifies it.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 
 from asap.config import RuntimeConfig
 from asap.pipeline.depth import MAX_ADAPTIVE_K, expert_batch_cap
+from asap.sim.spec import EngineSpec
 
 HONOURED = frozenset({
     "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
@@ -26,8 +27,9 @@ _UNSUPPORTED = {"admission": "the simulator has no SLO admission; use admission=
                 "admission_slack": "only used by admission, which the simulator does not model"}
 
 
-def sim_kwargs(runtime: RuntimeConfig, engine: str, devices: int | None = None) -> dict:
-    """Keyword arguments for asap.sim.run.simulate / run that reproduce `runtime`'s layout and policies.
+def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", devices: int | None = None) -> EngineSpec:
+    """The simulated engine (asap.sim.spec.EngineSpec, for asap.sim.run.run / simulate) that reproduces
+    `runtime`'s layout and policies for `model` (a preset name, HF config dict or ModelConfig).
 
     engine "async": runtime.attention_workers replicas + runtime.expert_workers expert workers.
     engine "sync":  `devices` ranks (default runtime.devices), two-batch overlap iff microbatches > 1.
@@ -41,17 +43,18 @@ def sim_kwargs(runtime: RuntimeConfig, engine: str, devices: int | None = None) 
             continue
         why = _UNSUPPORTED.get(name, "it has no simulator counterpart (classify it in asap/sim/from_runtime.py)")
         raise ValueError(f"RuntimeConfig.{name}={value!r} cannot be simulated: {why}")
-    common = dict(hardware=runtime.hardware, token_budget=runtime.token_budget, router=runtime.router,
+    common = dict(model=model, hardware=runtime.hardware, token_budget=runtime.token_budget, router=runtime.router,
                   order=runtime.order, max_queue=runtime.max_queue, redundant_experts=runtime.redundant_experts,
                   attention_tp=runtime.attention_tp)
     if engine == "sync":
-        return dict(engine="sync", devices=devices or runtime.devices, two_batch_overlap=runtime.microbatches > 1,
-                    **common)
+        return EngineSpec(engine="sync", devices=devices or runtime.devices,
+                          two_batch_overlap=runtime.microbatches > 1, **common)
     if runtime.adaptive_depth and runtime.microbatches > MAX_ADAPTIVE_K:
         raise ValueError(f"RuntimeConfig.microbatches={runtime.microbatches} with adaptive_depth cannot be "
                          f"simulated: the simulator's adaptive depth tops out at {MAX_ADAPTIVE_K}")
-    return dict(engine="async", devices=runtime.attention_workers * runtime.attention_tp + runtime.expert_workers,
-                attention_workers=runtime.attention_workers, selector=runtime.selector,
-                microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
-                window_s=runtime.aggregation_window_ms / 1000,
-                max_batch_tokens=expert_batch_cap(runtime.token_budget), **common)
+    return EngineSpec(engine="async",
+                      devices=runtime.attention_workers * runtime.attention_tp + runtime.expert_workers,
+                      attention_workers=runtime.attention_workers, selector=runtime.selector,
+                      microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
+                      window_s=runtime.aggregation_window_ms / 1000,
+                      max_batch_tokens=expert_batch_cap(runtime.token_budget), **common)

@@ -26,6 +26,7 @@ from asap.sim.experts import ExpertShares, load_model, plan_experts, zipf_loads
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import check_memory, min_expert_workers, prefix_cache_capacity
 from asap.sim.simulator import Simulator
+from asap.sim.spec import EngineSpec, spec_of
 from asap.sim.sync_engine import SyncEngine
 
 @dataclass
@@ -97,64 +98,58 @@ def balanced_split(cost: CostModel, devices: int, token_budget: int = 16384, mic
     return best
 
 
-def build_engine(engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384", devices: int = 32,
-                 attention_workers: int | None = None, *, token_budget: int = 16384, router="queue-aware",
-                 order: str = "fcfs", max_queue: int = 1024, selector="oldest", max_batch_tokens: int = 65536,
-                 window_s: float = 0.0, microbatches: "int | str" = 2, two_batch_overlap: bool = True,
-                 expert_loads: list[list[float]] | None = None, zipf: float = 0.0,
-                 expert_load: str | None = None, expert_skew: float | None = None,
-                 redundant_experts: int | None = None, seed: int = 0, prompt_len: float = 4096,
-                 attention_tp: int = 1, trace_window: tuple[float, float] | None = None,
-                 prefix_cache: bool = False, prefix_cache_blocks: int | None = None) -> "AsyncEngine | SyncEngine":
-    """An engine ready for Arrival events, for ONE instance of `devices` devices; arguments as for `run`
-    (prompt_len feeds `balanced_split`)."""
-    if prefix_cache_blocks is not None and not prefix_cache:
-        raise ValueError("prefix_cache_blocks overrides the prefix cache's capacity: set prefix_cache=True too")
-    if engine not in ("async", "sync"):
-        raise ValueError(f"engine must be 'async' or 'sync', got {engine!r}")
-    if not (isinstance(attention_tp, int) and attention_tp >= 1):
-        raise ValueError(f"attention_tp must be an int >= 1, got {attention_tp!r}")
-    model, hw = get_model(model_cfg), get_hardware(hardware)
+def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
+    """An engine ready for Arrival events, for ONE instance of spec.devices devices (spec.instances is
+    run()'s business; spec.prompt_len feeds `balanced_split`, 4096 if None)."""
+    engine, attention_tp, devices, token_budget = spec.engine, spec.attention_tp, spec.devices, spec.token_budget
+    model, hw = get_model(spec.model), get_hardware(spec.hardware)
     if engine == "sync":
         if devices % attention_tp:
             raise ValueError(f"sync: attention_tp={attention_tp} must divide the instance's {devices} devices")
         # one engine rank = one DP group of attention_tp devices; EP spans all the instance's devices.
         # Contention only where comm overlaps compute: with two-batch overlap.
-        cost = CostModel(model, hw, attn_tp=attention_tp, rank_devices=attention_tp, overlapped=two_batch_overlap)
+        cost = CostModel(model, hw, attn_tp=attention_tp, rank_devices=attention_tp, overlapped=spec.two_batch_overlap)
         num_attn = num_exp = devices // attention_tp
     else:
         cost = CostModel(model, hw, attn_tp=attention_tp)
-        num_attn = attention_workers or balanced_split(cost, devices, token_budget, microbatches, prompt_len,
-                                                       max_batch_tokens)
+        prompt_len = 4096 if spec.prompt_len is None else spec.prompt_len
+        num_attn = spec.attention_workers or balanced_split(cost, devices, token_budget, spec.microbatches,
+                                                            prompt_len, spec.max_batch_tokens)
         num_exp = devices - num_attn * attention_tp
         if num_exp < 1:
             raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn} "
                              f"replicas x TP {attention_tp}")
     check_memory(engine, model, hw, devices, num_exp if engine == "async" else devices, attention_tp)
     blocks = None
-    if prefix_cache:
-        blocks = prefix_cache_blocks if prefix_cache_blocks is not None else \
+    if spec.prefix_cache:
+        blocks = spec.prefix_cache_blocks if spec.prefix_cache_blocks is not None else \
             prefix_cache_capacity(engine, model, hw, devices, attention_tp)
     n_moe = sum(model.moe_layers)
-    loads = expert_loads if expert_loads is not None else zipf_loads(n_moe, model.num_experts, zipf, seed)
+    loads = spec.expert_loads if spec.expert_loads is not None else \
+        zipf_loads(n_moe, model.num_experts, spec.zipf, spec.seed)
     if len(loads) != n_moe or any(len(row) != model.num_experts for row in loads):
         raise ValueError(f"expert_loads must be [{n_moe} MoE layers][{model.num_experts} experts]")
-    shares = plan_experts(loads, num_exp, redundant_experts, load_model(expert_load, expert_skew, seed), model)
+    shares = plan_experts(loads, num_exp, spec.redundant_experts,
+                          load_model(spec.expert_load, spec.expert_skew, spec.seed), model)
+    router = spec.router
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
     if engine == "sync":
-        return SyncEngine(cost, num_attn, router, token_budget, shares, order=order, max_queue=max_queue,
-                          two_batch_overlap=two_batch_overlap, trace_window=trace_window,
+        return SyncEngine(cost, num_attn, router, token_budget, shares, order=spec.order, max_queue=spec.max_queue,
+                          two_batch_overlap=spec.two_batch_overlap, trace_window=spec.trace_window,
                           prefix_cache_blocks=blocks)
+    selector = spec.selector
     if isinstance(selector, str):
-        selector = make_selector(selector, window_s=window_s, max_batch_tokens=max_batch_tokens)
-    return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=microbatches,
-                       order=order, max_queue=max_queue, trace_window=trace_window, prefix_cache_blocks=blocks)
+        selector = make_selector(selector, window_s=spec.window_s, max_batch_tokens=spec.max_batch_tokens)
+    return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=spec.microbatches,
+                       order=spec.order, max_queue=spec.max_queue, trace_window=spec.trace_window,
+                       prefix_cache_blocks=blocks)
 
 
-def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
+def run(requests: list[Request], engine="async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
         devices: int = 32, attention_workers: int | None = None, *, until: float = float("inf"), **kw) -> SimRun:
-    """Simulate `requests` (not modified) on `devices` devices. Policies by name or object.
+    """Simulate `requests` (not modified): run(requests, EngineSpec(...)), or with the spec's settings as
+    arguments (model_cfg is its `model`). Policies by name or object.
 
     async: `attention_workers` replicas (default: `balanced_split` for these requests' token-weighted
            mean prompt length) + the rest as expert workers.
@@ -162,26 +157,23 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
            DP groups of `attention_tp` devices (attention TP inside the group, its all-reduce from the
            hardware profile) and EP over all the instance's devices. Arrivals are split between
            instances by `split_instances`.
-    Keywords (build_engine): token_budget (per replica / DP group step: SGLang's chunked_prefill_size
-    / dp_size), attention_tp (async: per replica), router / selector (name or object),
-    order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
+    Settings (asap.sim.spec.EngineSpec): token_budget, attention_tp (async: per replica), router / selector
+    (name or object), order, max_queue, max_batch_tokens and window_s (expert batching), microbatches (int or
     "adaptive", async), two_batch_overlap (sync), expert_loads ([moe_layer][expert], e.g.
-    RoutingStats.loads()) or zipf (skew), expert_load ("drawn": per-batch loads, or "expected") and
-    expert_skew (drawn: per-batch popularity drift; asap.sim.experts.load_model has the defaults),
-    redundant_experts, seed (Zipf and drawn loads), trace_window=(t0, t1),
+    RoutingStats.loads()) or zipf (skew), redundant_experts, seed, trace_window=(t0, t1),
     prefix_cache (off by default: a PrefixCache per replica / DP group over the requests' hash_ids,
     capacity `prefix_cache_capacity` unless prefix_cache_blocks says; stats["prefix_cache"] has the hits).
     Experts are placed with asap.scheduler.placement.balanced_placement on the expert workers.
     """
+    spec = spec_of(engine, model_cfg, hardware, devices, attention_workers, **kw)
     own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]
     if len({r.id for r in own}) != len(own):
         raise ValueError("request ids must be unique")
-    instances = kw.pop("instances", 1)
-    if instances != 1:
-        return _run_instances(own, engine, model_cfg, hardware, devices, attention_workers, instances, until, kw)
-    if engine == "async" and attention_workers is None and "prompt_len" not in kw and own:
-        kw["prompt_len"] = token_weighted_length(own)
-    eng = build_engine(engine, model_cfg, hardware, devices, attention_workers, **kw)
+    if spec.engine == "async" and spec.attention_workers is None and spec.prompt_len is None and own:
+        spec = spec.replace(prompt_len=token_weighted_length(own))
+    if spec.instances != 1:
+        return _run_instances(own, spec, until)
+    eng = build_engine(spec)
     sim = Simulator(eng)
     for r in sorted(own, key=lambda r: r.arrival):
         sim.schedule(Arrival(r.arrival, r))
@@ -192,8 +184,8 @@ def run(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3",
     results = [eng.results[r.id] for r in own if r.id in eng.results]
     num_attn = len(eng.schedulers)
     num_exp = eng.shares.num_workers
-    return SimRun(results, engine, devices, num_attn, num_exp if engine == "async" else devices, sim.num_events,
-                  sim.wall_s, end, stats=eng.stats(), spans=eng.spans)
+    return SimRun(results, spec.engine, spec.devices, num_attn, num_exp if spec.engine == "async" else spec.devices,
+                  sim.num_events, sim.wall_s, end, stats=eng.stats(), spans=eng.spans)
 
 
 def split_instances(requests: list[Request], instances: int, tokens_per_s: float) -> list[list[Request]]:
@@ -220,28 +212,23 @@ def instance_tokens_per_s(cost: CostModel, num_ranks: int, token_budget: int, pr
     return num_ranks * token_budget / cost.replica_cost_fn()([(token_budget, int(pairs_ctx))])
 
 
-def _run_instances(own, engine, model_cfg, hardware, devices, attention_workers, instances, until, kw) -> SimRun:
-    if not (isinstance(instances, int) and instances >= 1) or devices % instances:
-        raise ValueError(f"instances={instances!r} must be an int >= 1 that divides devices={devices}")
-    per = devices // instances
-    tp = kw.get("attention_tp", 1)
-    model, hw = get_model(model_cfg), get_hardware(hardware)
+def _run_instances(own, spec: EngineSpec, until) -> SimRun:
+    instances, per, tp = spec.instances, spec.devices // spec.instances, spec.attention_tp
+    model, hw = get_model(spec.model), get_hardware(spec.hardware)
     prompt_len = token_weighted_length(own) if own else 0.0
-    if engine == "async" and attention_workers is None and "prompt_len" not in kw:
-        kw["prompt_len"] = prompt_len
-    ranks = per // tp if engine == "sync" else (attention_workers or 1)
-    rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, kw.get("token_budget", 16384), prompt_len)
-    parts = [run(part, engine, model_cfg, hardware, per, attention_workers, until=until, **kw)
-             for part in split_instances(own, instances, rate) if part]
+    ranks = per // tp if spec.engine == "sync" else (spec.attention_workers or 1)
+    rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, spec.token_budget, prompt_len)
+    one = spec.replace(devices=per, instances=1)
+    parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part]
     by_id = {res.request_id: res for p in parts for res in p.results}
     results = [by_id[r.id] for r in own if r.id in by_id]
     stats = {"instances": instances, "per_instance": [p.stats for p in parts]}
     if any("prefix_cache" in p.stats for p in parts):
         stats["prefix_cache"] = merge_stats([p.stats["prefix_cache"] for p in parts if "prefix_cache" in p.stats])
     first = parts[0]
-    return SimRun(results, engine, devices, first.attention_workers * instances, first.expert_workers * instances,
-                  sum(p.num_events for p in parts), sum(p.wall_s for p in parts), max(p.sim_end_s for p in parts),
-                  stats=stats, spans=first.spans)
+    return SimRun(results, spec.engine, spec.devices, first.attention_workers * instances,
+                  first.expert_workers * instances, sum(p.num_events for p in parts), sum(p.wall_s for p in parts),
+                  max(p.sim_end_s for p in parts), stats=stats, spans=first.spans)
 
 
 def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",

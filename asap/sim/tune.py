@@ -39,6 +39,7 @@ from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
+from asap.sim.parallel import Executor, Progress, Serial
 from asap.sim.run import balanced_split, get_model, run
 from asap.sim.spec import EngineSpec
 
@@ -204,14 +205,16 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
          candidates: list[EngineConfig] | None = None, target: float = TARGET, zipf: float = 0.0,
          start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
          prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
-         cache: dict | None = None) -> Tuned:
+         cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
     criterion: "requests" (>= target of all requests within SLO) or "every-bucket" (>= target in every
     prompt-length bucket, asap.measure.buckets).
     screen: screen the candidates before the rate searches (default: when there are more than FINALISTS).
-    cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated."""
+    cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated.
+    executor (asap.sim.parallel): runs the screen's simulations and the fine searches side by side; the
+    result is the same as a serial run's (default). progress: prints a line per simulation (to stderr)."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     key = CRITERIA[criterion]
@@ -225,24 +228,32 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         return Tuned(engine, devices, None, None, None, None, reason="no feasible configuration")
     sims = 0
     cache = {} if cache is None else cache
+    ex = executor or Serial()
+
+    def task(c: EngineConfig, n: int, rate: float) -> tuple:
+        return (requests[:n], rate, engine, model, hardware, devices, c, zipf, progress)
 
     def measure_for(c: EngineConfig, n: int):
-        reqs = requests[:n]
-
         def measure(rate: float) -> dict:
             nonlocal sims
             k = (engine, devices, c, n, round(rate, 9), zipf)
             if k not in cache:
                 sims += 1
-                res = run(at_rate(reqs, rate), engine, model, hardware, devices, c.attention_workers,
-                          zipf=zipf, **c.sim_kw())
-                cache[k] = summarize(res.results)
-                cache[k]["buckets"] = by_length(res.results)
-                cache[k]["min_bucket_attainment"] = min_bucket_attainment(res.results)
-                if "prefix_cache" in res.stats:
-                    cache[k]["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
+                cache[k] = _simulate(task(c, n, rate))
             return cache[k]
         return measure
+
+    def prefetch(points) -> None:
+        """Simulate the (candidate, n, rate) points not cached yet side by side (measure then finds them)."""
+        nonlocal sims
+        todo = {}
+        for c, n, rate in points:
+            k = (engine, devices, c, n, round(rate, 9), zipf)
+            if k not in cache and k not in todo:
+                todo[k] = task(c, n, rate)
+        for k, summary in zip(todo, ex.map(_simulate, todo.values())):
+            cache[k] = summary
+            sims += 1
 
     def burst_of(n: int) -> float:
         return burst_limit(n, sum(r.deadline - r.arrival for r in requests[:n]) / n)
@@ -253,12 +264,12 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         if start is None:
             start = _closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
             sims += 1
-        screened = _screen(cands, measure_for, burst_of, len(requests), start, target, key)
+        screened = _screen(cands, measure_for, burst_of, len(requests), start, target, key, prefetch)
         if candidates is None:      # the secondary knobs of the best primary candidates (asap.sim.tune.space)
             more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c) if v not in screened]
             if prefix_cache:
                 more = [dataclasses.replace(v, prefix_cache=True) for v in more]
-            screened.update(_screen(more, measure_for, burst_of, len(requests), start, target, key))
+            screened.update(_screen(more, measure_for, burst_of, len(requests), start, target, key, prefetch))
             screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
@@ -284,10 +295,18 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         if found["valid"]:
             start = max(start or 0.0, found["max_slo_rate"])
     ranked = sorted((r for r in rows if r["coarse"]["valid"]), key=lambda r: -r["coarse"]["max_slo_rate"])
+    # The fine searches are independent: each runs whole in a worker, with the cached simulations of its
+    # candidate, and hands back its answer and the simulations it added (the same a serial run makes).
+    fine = []
     for r in ranked[:refine]:
         lo, n = r["coarse"]["max_slo_rate"], r["n"]
-        r["fine"] = find_max_rate(measure_for(r["config"], n), target=target, lo=lo, hi=lo * (1 + COARSE_TOL),
-                                  tol=FINE_TOL, max_iters=8, burst_above=burst_of(n), key=key)
+        own = {k: v for k, v in cache.items() if k[:4] == (engine, devices, r["config"], n)}
+        fine.append((task(r["config"], n, lo), own, dict(target=target, lo=lo, hi=lo * (1 + COARSE_TOL),
+                                                          tol=FINE_TOL, max_iters=8, burst_above=burst_of(n), key=key)))
+    for r, (found, added) in zip(ranked[:refine], ex.map(_search, fine)):
+        r["fine"] = found
+        cache.update(added)
+        sims += len(added)
     valid = [r for r in rows if r.get("fine", {}).get("valid")]
     table = [{"config": dataclasses.asdict(r["config"]), "describe": r["config"].describe(devices),
               "coarse_rate": r["coarse"]["max_slo_rate"] if r["coarse"]["valid"] else None,
@@ -334,7 +353,39 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                  criterion=criterion, num_screened=len(screened))
 
 
-def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target: float, key: str) -> dict:
+def _simulate(task: tuple) -> dict:
+    """One simulation of a search, the summary it is ranked by (a module-level function: an executor's task)."""
+    reqs, rate, engine, model, hardware, devices, c, zipf, progress = task
+    res = run(at_rate(reqs, rate), engine, model, hardware, devices, c.attention_workers, zipf=zipf, **c.sim_kw())
+    out = summarize(res.results)
+    out["buckets"] = by_length(res.results)
+    out["min_bucket_attainment"] = min_bucket_attainment(res.results)
+    if "prefix_cache" in res.stats:
+        out["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
+    if progress is not None:
+        within = out["slo_attainment"]
+        progress(f"{engine} x{devices} {c.describe(devices)}: {rate:.4g} req/s on {len(reqs)} requests -> "
+                 + ("-" if within is None else f"{within:.1%} within SLO"))
+    return out
+
+
+def _search(job: tuple) -> tuple[dict, dict]:
+    """One rate search (find_max_rate) of one candidate, from the simulations `cached` for it: its answer and
+    the simulations it added, keyed as tune caches them."""
+    task, cached, kw = job
+    reqs, _, engine, model, hardware, devices, c, zipf, progress = task
+    added: dict = {}
+
+    def measure(rate: float) -> dict:
+        k = (engine, devices, c, len(reqs), round(rate, 9), zipf)
+        if k not in cached and k not in added:
+            added[k] = _simulate((reqs, rate, *task[2:]))
+        return cached[k] if k in cached else added[k]
+    return find_max_rate(measure, **kw), added
+
+
+def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target: float, key: str,
+            prefetch=None) -> dict:
     """{candidate: {"score", "passed_rate", "rate", "attainment", "ttft_p90_ms", "n"}}, best first.
 
     The screen (the same rule for both engines): every candidate is simulated once at `rate` on the first n
@@ -353,6 +404,8 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
     out: dict = {}
     pool, halved = list(cands), False
     for _ in range(SCREEN_ROUNDS + 1):
+        if prefetch is not None:
+            prefetch([(c, n, rate) for c in pool])
         for c in pool:
             s = measure_for(c, n)(rate)
             ok = s[key] >= target

@@ -54,6 +54,12 @@ class Started:                     # worker -> engine: a request's first chunk i
 
 
 @dataclass
+class Planned:                     # replica -> engine, each step it plans: the router's load view (asap.engine.loads)
+    replica: int
+    step: dict                     # {request_id: (num_computed at the step's start, tokens this step)}
+
+
+@dataclass
 class Ready:
     rank: int
     role: str

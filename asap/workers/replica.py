@@ -19,7 +19,7 @@ from asap.pipeline.plan import plan_step
 from asap.scheduler.errors import QueueFull
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request
-from asap.workers.messages import Result, RoutingCounts, Started, Submit
+from asap.workers.messages import Planned, Result, RoutingCounts, Started, Submit
 
 
 @dataclass
@@ -79,6 +79,8 @@ class Replica:
         step = plan_step(self.scheduler, now, k)
         for rid in (rid for rid, start in step.starts.items() if start == 0):
             self.results.put(Started(rid, self.index, now))
+        if step:
+            self.results.put(Planned(self.index, {rid: (step.starts[rid], n) for rid, n in step.schedule.items()}))
         return step.schedule, [self._microbatch(p.chunks, p.deadline) for p in step.microbatches]
 
     def inputs_in(self, schedule) -> float:

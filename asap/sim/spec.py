@@ -1,0 +1,69 @@
+"""One simulated engine, typed: what asap.sim.run.build_engine builds and asap.sim.run.run runs.
+
+Every way of naming an engine for the simulator ends here: run()'s keywords,
+the tuner's EngineConfig (asap.sim.tune.EngineConfig.spec) and a runtime's
+RuntimeConfig (asap.sim.from_runtime.engine_spec). Values are checked once,
+in __post_init__, so a bad one is refused before any simulation starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    engine: str = "async"                   # "async" | "sync"
+    model: Any = "deepseek-v3"              # preset name, HF config.json dict, or ModelConfig
+    hardware: str = "cloudmatrix384"
+    devices: int = 32                       # all instances together
+    attention_workers: int | None = None    # async: replicas per instance (None: balanced_split)
+    instances: int = 1                      # independent instances (devices split evenly; sync's DP+EP units)
+    token_budget: int = 16384               # per replica / DP group step (SGLang's chunked_prefill_size / dp_size)
+    attention_tp: int = 1                   # devices per attention replica (async) / DP group (sync)
+    router: Any = "queue-aware"             # name (asap.scheduler.router.ROUTERS) or a Router
+    order: str = "fcfs"
+    max_queue: int = 1024
+    selector: Any = "oldest"                # async expert batching: name or a Selector
+    max_batch_tokens: int = 65536
+    window_s: float = 0.0
+    microbatches: int | str = 2             # async: per step, or "adaptive"
+    two_batch_overlap: bool = True          # sync
+    expert_loads: Any = None                # [moe_layer][expert] routing loads (e.g. RoutingStats.loads())
+    zipf: float = 0.0                       # else: Zipf-skewed loads (0 = uniform)
+    expert_load: str | None = None          # "drawn" per-batch loads or "expected" (None: asap.sim.experts default)
+    expert_skew: float | None = None        # drawn: per-batch popularity drift (None: the calibrated default)
+    redundant_experts: int | None = None
+    seed: int = 0
+    prompt_len: float | None = None         # async's balanced_split input (None: run() takes the requests')
+    trace_window: tuple[float, float] | None = None
+    prefix_cache: bool = False
+    prefix_cache_blocks: int | None = None  # the cache's capacity (None: what memory leaves, prefix_cache_capacity)
+
+    def __post_init__(self):
+        if self.prefix_cache_blocks is not None and not self.prefix_cache:
+            raise ValueError("prefix_cache_blocks overrides the prefix cache's capacity: set prefix_cache=True too")
+        if self.engine not in ("async", "sync"):
+            raise ValueError(f"engine must be 'async' or 'sync', got {self.engine!r}")
+        if not (isinstance(self.attention_tp, int) and self.attention_tp >= 1):
+            raise ValueError(f"attention_tp must be an int >= 1, got {self.attention_tp!r}")
+        if not (isinstance(self.instances, int) and self.instances >= 1) or self.devices % self.instances:
+            raise ValueError(f"instances={self.instances!r} must be an int >= 1 that divides devices={self.devices}")
+
+    def replace(self, **changes) -> "EngineSpec":
+        return dataclasses.replace(self, **changes)
+
+
+def spec_of(engine="async", model_cfg="deepseek-v3", hardware="cloudmatrix384", devices: int = 32,
+            attention_workers: int | None = None, **kw) -> EngineSpec:
+    """An EngineSpec from run()'s positional arguments and keywords (model_cfg is the spec's `model`); an
+    EngineSpec given as `engine` is returned as it is (no other argument allowed with it)."""
+    if isinstance(engine, EngineSpec):
+        if kw or attention_workers is not None:
+            raise TypeError("run(requests, spec): give every setting in the EngineSpec, not beside it")
+        return engine
+    unknown = set(kw) - {f.name for f in dataclasses.fields(EngineSpec)}
+    if unknown:
+        raise TypeError(f"unknown simulator setting(s) {sorted(unknown)}; see asap.sim.spec.EngineSpec")
+    return EngineSpec(engine, model_cfg, hardware, devices, attention_workers, **kw)
