@@ -1,0 +1,58 @@
+"""Searches run side by side return exactly what a serial run returns: the same best, rates, table and
+simulation count, on a local process pool and on a local Ray."""
+import dataclasses
+import importlib.util
+
+import pytest
+
+from asap.scheduler.request import Request
+from asap.sim.parallel import ProcessPool, Progress, Serial, make_executor
+from asap.sim.tune import tune
+from asap.workload.slo import SLO
+
+SMALL = dict(model="small-deepseek-v3", hardware="h800")
+REQS = SLO(0.005, 1e-6).apply([Request(i, 1000 + 500 * (i % 7), 0.01 * i) for i in range(120)])
+
+
+def tuned(engine: str, executor) -> dict:
+    t = tune(REQS, engine, 4, **SMALL, executor=executor)
+    assert t.best is not None and t.num_screened > 3     # the screen ran: there was something to parallelise
+    return dataclasses.asdict(t)
+
+
+@pytest.fixture(scope="module")
+def serial():
+    return {engine: tuned(engine, Serial()) for engine in ("sync", "async")}
+
+
+@pytest.mark.timeout(600)
+def test_a_process_pool_tunes_exactly_as_a_serial_run(serial):
+    with make_executor("process", jobs=2) as ex:
+        assert isinstance(ex, ProcessPool)
+        for engine in ("sync", "async"):
+            assert tuned(engine, ex) == serial[engine]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (the 'ray' extra)")
+def test_a_local_ray_tunes_exactly_as_a_serial_run(serial, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with make_executor("ray", jobs=2) as ex:
+        assert ex.jobs == 2
+        assert tuned("async", ex) == serial["async"]
+
+
+def test_progress_lines_name_the_candidate_and_rate(capsys):
+    tune(REQS[:40], "sync", 4, **SMALL, progress=Progress("tune"), screen=False,
+         candidates=[tune.__globals__["EngineConfig"]("sync", 1, 4096)])
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(line.startswith("[SIMULATED] tune: sync x4 sync 1x[DP4 x TP1") and "req/s" in line
+                       and line.endswith(" s)") for line in err)
+
+
+def test_bad_executor_settings_are_refused():
+    with pytest.raises(ValueError, match="serial, process, ray"):
+        make_executor("threads")
+    with pytest.raises(ValueError, match="jobs"):
+        make_executor("process", jobs=0)
+    assert isinstance(make_executor("process", jobs=1), Serial)
