@@ -67,17 +67,20 @@ def emulatable(c) -> bool:
     return c.instances == 1
 
 
-def tune_now(s: DemoSettings, devices: int, emulatable_only: bool) -> dict:
-    """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search)."""
+def tune_now(s: DemoSettings, devices: int, emulatable_only: bool, executor=None, progress: bool = False) -> dict:
+    """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search).
+    executor: asap.sim.parallel's (default serial; the same answer either way); progress: a line per simulation."""
+    from asap.sim.parallel import Progress
     from asap.sim.tune import space, tune
-    t0, code = time.monotonic(), fingerprint()
+    t0, t0_wall, code = time.monotonic(), time.time(), fingerprint()
     requests = demo_requests(s, devices, tune_requests(devices), rate=1.0)
     prompt_len = token_weighted_length(requests)
     out = {}
     for engine in ("sync", "async"):
         cands = [c for c in space(engine, devices, s.model, s.hardware, prompt_len)
                  if emulatable(c) or not emulatable_only]
-        t = tune(requests, engine, devices, s.model, s.hardware, candidates=cands)
+        t = tune(requests, engine, devices, s.model, s.hardware, candidates=cands, executor=executor,
+                 progress=Progress(f"demo tuning {devices} devices", t0_wall) if progress else None)
         best = t.best or t.lower_bound_config
         if best is None:
             raise RuntimeError(f"the tuner found no valid {engine} configuration on {devices} devices: {t.reason}")
@@ -144,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m asap.demo.tuning", description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, nargs="+", default=None,
                    help="retune only the entries for these device counts (default: every entry the demo reads)")
+    from asap.sim import parallel
+    parallel.add_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
     args = p.parse_args(argv)
+    executor = parallel.from_args(args)
     jobs = [(FULL, FULL.devices, True), (FULL, FULL.sim_devices, False), (QUICK, QUICK.devices, True)]
     jobs = [j for j in jobs if args.devices is None or j[1] in args.devices]
     if not jobs:
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         k = key(s, devices, emulatable_only)
         print(f"[SIMULATED] tuning {k} ...", file=sys.stderr, flush=True)
         try:
-            entry = tune_now(s, devices, emulatable_only)
+            entry = tune_now(s, devices, emulatable_only, executor, progress=not args.quiet)
         except RuntimeError as e:       # no best for an engine (e.g. the sample cannot rank its candidates)
             print(f"python -m asap.demo.tuning: {devices} devices: {e}; its entry is left as it was",
                   file=sys.stderr, flush=True)
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}     # re-read: another run may have written
         table[k] = entry
         TUNED.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    executor.close()
     return 2 if failed else 0
 
 
