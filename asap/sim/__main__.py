@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from asap.sim import parallel
 from asap.sim.calibrate import calibrate
 from asap.sim.experiments import TRACE, at_rate, trace_requests
 from asap.sim.headline import DEFAULT_SLO, WORKLOADS, run_headline
@@ -81,6 +82,7 @@ def add_commands(sub, extra=()) -> None:
                         "block hashes, capacity from the memory left after weights); off by default")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
+    parallel.add_arguments(h)
     c = sub.add_parser("calibrate", help="sync DeepSeek-V3 vs every published prefill figure, and the TBO gain",
                        description="SIMULATED. The cost model's sync DeepSeek-V3 against each published prefill "
                                    "throughput figure it is calibrated on, with the error of each, and the "
@@ -123,8 +125,9 @@ def run_command(a) -> int:
                 print(format_row(row))
         else:
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
-            run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests, a.out,
-                         resume=resume, prefix_cache=a.prefix_cache)
+            with parallel.from_args(a) as executor:
+                run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
+                             a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

@@ -26,6 +26,7 @@ from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.sim.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
+from asap.sim.parallel import Progress
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
 from asap.sim.tune import CRITERIA, REFINE, EngineConfig, space, tune
@@ -84,12 +85,14 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
                  num_requests: int = 1500, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
-                 prefix_cache: bool = False, every_bucket: bool = True) -> dict:
+                 prefix_cache: bool = False, every_bucket: bool = True, executor=None) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
+    executor (asap.sim.parallel): runs each tune's screen and fine searches side by side (the same rows as
+    serial, the default); with verbose, a line per simulation goes to stderr.
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio."""
-    t_start = time.perf_counter()
+    t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     rows = []
     for wl in workloads:
@@ -116,6 +119,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                              f"ask for more devices than that (--devices)")
         for devices in todo:
             row = {"workload": str(wl), "devices": devices}
+            progress = Progress(f"headline {wl} x{devices}", t_wall) if verbose else None
             t_row = time.perf_counter()
             caches = {"sync": {}, "async": {}}      # simulations shared by the two criteria's searches
             for engine in ("sync", "async"):
@@ -131,7 +135,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 t = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
                          refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
-                         cache=caches[engine])
+                         cache=caches[engine], executor=executor, progress=progress)
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
@@ -149,7 +153,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 if every_bucket:    # the second criterion: its own search, the same space and rule
                     eb = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
                               refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
-                              criterion="every-bucket", cache=caches[engine])
+                              criterion="every-bucket", cache=caches[engine], executor=executor,
+                              progress=progress)
                     row[engine]["every_bucket"] = {
                         "config": dataclasses.asdict(eb.best) if eb.best else None,
                         "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
