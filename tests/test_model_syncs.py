@@ -99,6 +99,18 @@ def test_one_moe_layer_step_makes_at_most_one_host_sync(preset, dtype, counter, 
     assert torch.allclose(got.float(), reference.float(), atol=tol)   # and the step is still the model's
 
 
+def test_an_fp8_shard_adds_no_host_sync(counter, monkeypatch, tmp_path):
+    """Block-FP8 experts are dequantised per layer on the device: still the one sync of the dispatch."""
+    from asap.model.materialize import materialize
+    monkeypatch.setattr(moe, "_GROUPED_MM", {})
+    step, reference = _layer_step(materialize("tiny-deepseek-v3", tmp_path / "fp8", fp8_block=(16, 16)),
+                                  torch.float32)
+    with torch.no_grad():
+        got = step(counter)
+    assert counter.calls == ["tolist"]
+    assert torch.allclose(got, reference, atol=1e-5)
+
+
 def test_the_counter_sees_the_syncs_the_old_expert_stage_made(counter):
     """The counter is not blind: the old expert stage's nonzero() and bincount().tolist() register."""
     slot = torch.tensor([0, -1, 1, 1])
