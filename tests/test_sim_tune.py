@@ -115,3 +115,39 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
     served[4] = 2.0                                                 # now TP1 really is the best
     t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
     assert t.best == cands[0] and 2.85 <= t.max_slo_rate <= 3.0 and t.lower_bound is None
+
+
+def test_the_screen_finds_the_best_of_a_large_space_and_rate_searches_only_the_finalists(monkeypatch):
+    """Twelve candidates with known maxima: the screen (one rate, raised while more than SCREEN_KEEP pass)
+    must hand the best one to the rate searches, which run on FINALISTS candidates only. Under the
+    every-bucket criterion, a candidate that gives up the short prompts (5% of requests) above 1.2 req/s
+    loses to the next best."""
+    import types
+
+    import asap.sim.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000 if i % 20 == 0 else 20000, float(i)) for i in range(2001)])
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    served = {c: 1.0 + 0.1 * i for i, c in enumerate(cands)}     # the last one is the best: 2.1 req/s
+
+    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, **kw):
+        c = EngineConfig("sync", kw["attention_tp"], kw["token_budget"], instances=kw["instances"],
+                         two_batch_overlap=kw["two_batch_overlap"], router=kw["router"])
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[c] * (1 + 1e-9)
+        drop_short = c == cands[-1] and rate > 1.2
+        return types.SimpleNamespace(results=[
+            RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok and not (drop_short and r.num_tokens < 4096) else 9.0,
+                          deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    t = tune(reqs, "sync", 8, candidates=cands, **SMALL)
+    searched = [c for c in t.candidates if c["coarse_reason"] != "screened out"]
+    assert t.num_screened == len(cands) and len(searched) == tune_mod.FINALISTS
+    assert t.best == cands[-1] and 2.0 <= t.max_slo_rate <= 2.1
+    assert t.buckets["<4K"]["slo_attainment"] == 0.0 and t.buckets[">64K"]["num_requests"] == 0
+    eb = tune(reqs, "sync", 8, candidates=cands, criterion="every-bucket", **SMALL)
+    assert eb.best == cands[-2] and 1.9 <= eb.max_slo_rate <= 2.0 and eb.criterion == "every-bucket"
+    assert min(b["slo_attainment"] for b in eb.buckets.values() if b["num_requests"]) >= 0.9
+    with pytest.raises(ValueError, match="criterion"):
+        tune(reqs, "sync", 8, candidates=cands, criterion="tokens", **SMALL)

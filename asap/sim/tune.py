@@ -46,8 +46,8 @@ from asap.sim.spec import EngineSpec
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
 FINALISTS = 3               # screened candidates that get a rate search (REFINE of them a fine one)
 SCREEN_KEEP = 4             # primary candidates whose secondary variants are screened; and the pool a raise stops at
-SCREEN_STEP, SCREEN_ROUNDS = 1.5, 2     # the screen's rate raises
-SCREEN_MAX_RAISE = SCREEN_STEP ** SCREEN_ROUNDS
+SCREEN_STEP, SCREEN_ROUNDS = 1.5, 4     # the screen's rate raises (and steps back)
+SCREEN_MAX_RAISE = SCREEN_STEP ** 2     # n is sized for two raises; the burst limit caps the rest
 CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment"}
 TARGET = 0.9
 
@@ -390,10 +390,10 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
 
     The screen (the same rule for both engines): every candidate is simulated once at `rate` on the first n
     requests (n: as few as keep SCREEN_MAX_RAISE x `rate` below the burst limit). While more than
-    SCREEN_KEEP candidates pass, the passing ones are simulated again at SCREEN_STEP x the rate (at most
-    SCREEN_ROUNDS times, never above the burst limit); where none passes the first time, all are screened
-    again at half the rate. Score: the highest screened rate passed, then attainment and P90 TTFT at the
-    last rate tried."""
+    SCREEN_KEEP candidates pass, the passing ones are simulated again at SCREEN_STEP x the rate (never
+    above the burst limit); where a raise leaves none passing, they are tried halfway back; where none
+    passes the first time, all are screened again at half the rate (at most SCREEN_ROUNDS more rounds in
+    all). Score: the highest screened rate passed, then attainment and P90 TTFT at the last rate tried."""
     if not cands:
         return {}
     n = num_requests
@@ -402,23 +402,26 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
     limit = burst_of(n)
     rate = min(rate, limit)
     out: dict = {}
-    pool, halved = list(cands), False
+    pool, passed_at = list(cands), None       # passed_at: the last rate some of the pool passed at
     for _ in range(SCREEN_ROUNDS + 1):
         if prefetch is not None:
             prefetch([(c, n, rate) for c in pool])
         for c in pool:
             s = measure_for(c, n)(rate)
             ok = s[key] >= target
-            prev = out.get(c, {}).get("passed_rate") or 0.0
-            out[c] = {"passed_rate": rate if ok else prev or None, "rate": rate, "attainment": s[key],
+            prev = out[c]["passed_rate"] if c in out else None
+            out[c] = {"passed_rate": rate if ok else prev, "rate": rate, "attainment": s[key],
                       "ttft_p90_ms": s["ttft_p90_ms"], "n": n}
         passing = [c for c in pool if out[c]["rate"] == rate and out[c]["attainment"] >= target]
-        if not passing and not halved and not any(v["passed_rate"] for v in out.values()):
-            rate, halved = rate / 2, True
+        if not passing:
+            if passed_at is None:
+                rate /= 2                         # the first rate was too high for all: start lower
+            else:
+                rate = (passed_at + rate) / 2     # the raise went too far: halfway back, the same pool
             continue
         if len(passing) <= SCREEN_KEEP or rate >= limit:
             break
-        pool, rate = passing, min(limit, rate * SCREEN_STEP)
+        pool, passed_at, rate = passing, rate, min(limit, rate * SCREEN_STEP)
     for v in out.values():
         v["score"] = (v["passed_rate"] or 0.0, v["attainment"], -(v["ttft_p90_ms"] or float("inf")))
     return dict(sorted(out.items(), key=lambda kv: kv[1]["score"], reverse=True))
