@@ -20,6 +20,7 @@ from asap.engine.errors import EngineClosed, EngineUnavailable
 from asap.scheduler.errors import QueueFull, Rejected
 from asap.server import responses as R
 from asap.server.admission import Admission
+from asap.server.answers import Answer, usage
 from asap.server.chat import load_chat_template
 from asap.server.config import ServerConfig
 from asap.server.kv_store import KVStore, kv_metadata, kv_tensors, stream_chunks, stream_size, transfer_params
@@ -27,7 +28,6 @@ from asap.server.metrics import ServerMetrics
 from asap.server.params import generation_defaults
 from asap.server.protocol import ApiError
 from asap.server.requests import Context, Job, parse_chat, parse_completion
-from asap.server.sampling import sample
 from asap.server.sse import DONE, error_event, event
 from asap.server.streams import Stream
 from asap.server.supervisor import Supervisor
@@ -101,6 +101,9 @@ class PrefillService:
             raise R.too_big(size, self.cfg.max_response_mb)
         return job
 
+    def _answer(self, rid: str) -> Answer:
+        return Answer(rid, self.model_name, self.tokenizer, self.cfg.max_response_mb)
+
     async def handle(self, kind: str, body: bytes):
         """-> the encoded response body (bytes), or an async iterator of SSE bytes when the request streams.
         Cancelling the call (the client hung up) cancels the engine's work and counts the request aborted."""
@@ -123,7 +126,7 @@ class PrefillService:
             for out in outs:
                 self.metrics.observe_first_token(out, arrival)
             kv = await self._keep_kv(job, outs[0], rid) if job.common.keep_kv else None
-            data = await self.off_loop(self._encode, job, rid, outs, kv)
+            data = await self.off_loop(self._answer(rid).encode, job, outs, kv)
             outcome = "ok"
             return data
         except ApiError as e:
@@ -152,13 +155,13 @@ class PrefillService:
                     self.metrics.observe_first_token(out, arrival)
                     if job.common.keep_kv:                      # one prompt only (requests.py)
                         kv = await self._keep_kv(job, out, rid)
-                    for data in await self.off_loop(self._events, job, rid, i, out, kv):
+                    for data in await self.off_loop(self._answer(rid).events, job, i, out, kv):
                         sent += len(data)
                         if sent > self.max_response_bytes:
                             raise R.too_big(sent, self.cfg.max_response_mb, measured=True)
                         yield data
             if job.common.include_usage:
-                yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, self._usage(job), True, kv))
+                yield event(R.chunk(job.kind, rid, self.model_name, [], self.tokenizer, usage(job), True, kv))
             outcome = "ok"
         except ApiError as e:
             outcome = e.outcome
@@ -260,43 +263,6 @@ class PrefillService:
             if not wait.done():
                 wait.set_exception(ApiError(503, f"request cut off: {why}", kind="unavailable_error",
                                             headers=RETRY, outcome="unavailable"))
-
-    # ---- building the answer (thread pool) ------------------------------------------------------
-    def _choices(self, job: Job, i: int, out) -> list[R.Choice]:
-        n, prompt = job.common.n, job.prompts[i]
-        tokens = sample(out.logits, job.common.sampling, n) if job.common.max_tokens else []
-        echo_text = ""
-        if job.echo:
-            echo_text = job.texts[i] if job.texts[i] is not None else \
-                (self.tokenizer.decode(prompt) if self.tokenizer is not None else "")
-        echoed = R.prompt_logprobs(prompt, out.prompt_logprobs) if job.prompt_logprobs is not None else []
-        choices = []
-        for j in range(n):
-            generated = [tokens[j]] if tokens else []
-            text = echo_text + (R.token_text(self.tokenizer, tokens[j]) if tokens and self.tokenizer else "")
-            logprobs = None
-            if job.logprobs is not None:
-                logprobs = echoed + [R.generated_logprob(out.logits, t, job.logprobs) for t in generated]
-            choices.append(R.Choice(i * n + j, generated, text, logprobs))
-        return choices
-
-    def _encode(self, job: Job, rid: str, outs: list, kv: dict | None) -> bytes:
-        """The whole answer as JSON bytes; 400 if it is over --max-response-mb after all."""
-        choices = [c for i, out in enumerate(outs) for c in self._choices(job, i, out)]
-        data = R.encode_body(job.kind, rid, self.model_name, choices, self.tokenizer, self._usage(job), kv)
-        if len(data) > self.max_response_bytes:
-            raise R.too_big(len(data), self.cfg.max_response_mb, measured=True)
-        return data
-
-    def _events(self, job: Job, rid: str, i: int, out, kv: dict | None) -> list[bytes]:
-        """Prompt i's stream chunks, encoded; the KV hand-off rides on the last chunk before [DONE]."""
-        choices = self._choices(job, i, out)
-        last = len(choices) - 1 if kv is not None and not job.common.include_usage else -1
-        return [event(R.chunk(job.kind, rid, self.model_name, [c], self.tokenizer, None, job.common.include_usage,
-                              kv if j == last else None)) for j, c in enumerate(choices)]
-
-    def _usage(self, job: Job) -> dict:
-        return R.usage(sum(map(len, job.prompts)), len(job.prompts) * job.common.n * job.common.max_tokens)
 
     async def _keep_kv(self, job: Job, out, rid: str) -> dict | None:
         tensors = await self.off_loop(kv_tensors, out.kv)

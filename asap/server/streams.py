@@ -9,11 +9,8 @@ takes longer than `write_timeout_s` (a client that stopped reading) ends the res
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from starlette.responses import Response
-
-log = logging.getLogger("asap.server")
 
 
 class SlowClient(Exception):
