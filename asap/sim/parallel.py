@@ -8,7 +8,8 @@ picklable data. A simulation is deterministic and shares no state with another, 
 objects a serial loop would return (tests/test_sim_parallel.py checks a whole tune serial vs parallel):
 - serial:  a plain loop in this process;
 - process: a local pool of `jobs` worker processes (default: the machine's cores), started once and reused
-           (spawned, not forked: a forked child of a process that loaded torch may deadlock);
+           (spawned, not forked: a forked child of a process that loaded torch may deadlock; so a script that
+           makes one needs Python's `if __name__ == "__main__":` guard, as `asap` and `python -m` have);
 - ray:     tasks on a Ray cluster (`pip install 'asap-prefill[ray]'`): the one at RAY_ADDRESS if set, else a
            local one with `jobs` CPUs. For users who outgrow one machine.
 """
