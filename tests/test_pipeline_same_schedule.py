@@ -13,18 +13,18 @@ from asap.cost.model import CostModel
 from asap.pipeline.exchange import num_to_serve
 from asap.sim.exchange import SimAllToAll, _AllToAll
 from asap.sim.run import get_model, uniform_shares
-from asap.workers.exchange import AllToAll
+from asap.workers.emulation.exchange import EmulatedAllToAll
 
 RANKS = 3
 STEP = 7
 
 
 def _runtime(keys, due):
-    """An emulated-link AllToAll whose mailbox holds every rank's dispatch of each key, due at due[i]."""
+    """An emulated-link AllToAll (due times, as the simulator's) whose mailbox holds every rank's dispatch of each key, due at due[i]."""
     mailbox = SimpleNamespace(work=[SimpleNamespace(src=r, header=SimpleNamespace(
         seq=STEP, layer=layer, microbatch=mb, ready_ns=int(t * 1e9))) for (layer, mb), t in zip(keys, due)
         for r in range(RANKS)])
-    ex = AllToAll(SimpleNamespace(world_size=RANKS), mailbox, None, 0, None, None, link=object())
+    ex = EmulatedAllToAll(SimpleNamespace(world_size=RANKS), mailbox, None, 0, None, None, link=None)
     ex.step = STEP
     ex._to_serve = deque((STEP, layer, mb) for layer, mb in keys)
     return ex

@@ -19,7 +19,8 @@ from asap.model.materialize import resolve_model
 from asap.scheduler.request import Request
 from asap.sim.from_runtime import engine_spec
 from asap.sim.run import run
-from asap.workers.clock import DeviceClock
+from asap.workers.emulation.clock import DeviceClock
+from asap.workers.emulation.select import DeviceTimeSelector
 from test_workers_link import Wire      # a transport that hands over a fixed list of messages
 
 
@@ -88,8 +89,10 @@ def test_an_emulated_expert_chooses_among_what_was_due_when_its_device_got_free(
     queue = WorkQueue(Mailbox(Wire([_dispatch(0, now - 60_000_000), _dispatch(1, now - 10_000_000)])))
     clock = DeviceClock()
     clock.free = now / 1e9 - 0.020
-    items = dispatch_recv(queue, timeout=0, selector=make_selector("oldest", max_batch_tokens=1 << 20),
-                          clock=clock if emulated else None)
+
+    def selector(policy):      # an emulated expert worker wraps its policy (asap.workers.emulation.worker)
+        return DeviceTimeSelector(policy, clock, queue.mailbox) if emulated else policy
+    items = dispatch_recv(queue, timeout=0, selector=selector(make_selector("oldest", max_batch_tokens=1 << 20)))
     assert [it.header.replica for it in items] == ([0] if emulated else [0, 1])
-    assert [it.header.replica for it in dispatch_recv(queue, timeout=0, clock=clock if emulated else None)] == \
-        ([1] if emulated else [])
+    assert [it.header.replica for it in dispatch_recv(queue, timeout=0, selector=selector(make_selector("oldest")))] \
+        == ([1] if emulated else [])

@@ -1,4 +1,4 @@
-"""The emulated runtime charges the hardware profile's link as the simulator does (asap.workers.link),
+"""The emulated runtime charges the hardware profile's link as the simulator does (asap.workers.emulation.link),
 and emulates attention tensor parallelism as the simulator models it.
 
 Without it an emulated dispatch or combine costs only what the shm transport takes, and the emulated
@@ -22,7 +22,7 @@ from asap.model.materialize import resolve_model
 from asap.scheduler.request import Request
 from asap.sim.from_runtime import engine_spec
 from asap.sim.run import run
-from asap.workers.link import EmulatedLink
+from asap.workers.emulation.link import EmulatedLink
 
 
 class Wire:
@@ -116,7 +116,8 @@ def test_an_async_combine_crosses_the_in_link_from_when_the_experts_sent_it():
     import torch
     from asap.comm import Mailbox, ShmTransportSpec, WorkQueue, dispatch_recv
     from asap.model.stages import StageOut
-    from asap.workers.exchange import PointToPoint, serve_experts
+    from asap.workers.emulation.exchange import EmulatedPointToPoint
+    from asap.workers.exchange import serve_experts
     from asap.workers.spans import SpanRecorder
 
     class Doubling:
@@ -133,8 +134,8 @@ def test_an_async_combine_crosses_the_in_link_from_when_the_experts_sent_it():
     replica_t, expert_t = spec.connect(0), spec.connect(1)
     try:
         link = EmulatedLink(latency_s=0.0, dispatch_per_copy_s=0.0, combine_per_copy_s=0.02)   # 10 copies: 0.2 s
-        ex = PointToPoint(replica_t, Mailbox(replica_t), lambda layer, ids: torch.ones_like(ids), 0,
-                          SpanRecorder("a0"), link)
+        ex = EmulatedPointToPoint(replica_t, Mailbox(replica_t), lambda layer, ids: torch.ones_like(ids), 0,
+                                  SpanRecorder("a0"), link)
         x = torch.randn(5, 4)
         ex.dispatch(0, 1, StageOut(h=x, x=x, topk_ids=torch.zeros(5, 2, dtype=torch.long),
                                    topk_weights=torch.full((5, 2), 0.5)), math.inf, time.monotonic())

@@ -41,7 +41,7 @@ class Header:
     num_tokens: int       # rows in this message
     deadline: float = math.inf   # earliest TTFT deadline among the tokens' requests
     sent_at: float = 0.0         # time.monotonic() at send; monotonic is machine-wide on Linux
-    # An emulated link (asap.workers.link): the receiving Mailbox files the message no earlier than
+    # An emulated link (asap.workers.emulation.link): the receiving Mailbox files the message no earlier than
     # time.monotonic_ns() >= ready_ns, the time the hardware profile's link would deliver it; 0 = on receipt.
     ready_ns: int = 0
     epoch: int = 0               # the sending replica's epoch (asap.comm.mailbox: older epochs are purged)
@@ -107,5 +107,5 @@ class Header:
 
 def barrier(rank: int, step: int, has_work: bool, epoch: int = 0, ready_ns: int = 0) -> Header:
     """The sync engine's step-barrier flag: typed (Kind.BARRIER), carrying its step (seq); ready_ns: when the
-    sender's emulated device finished its last step (asap.workers.clock; 0 on real devices)."""
+    sender's emulated device finished its last step (asap.workers.emulation.clock; 0 on real devices)."""
     return Header(Kind.BARRIER, rank, -1, int(has_work), step, 0, epoch=epoch, ready_ns=ready_ns)

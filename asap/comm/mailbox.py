@@ -14,7 +14,7 @@ when it gives up on a step (a timeout); from then on, work and partials of its
 older epochs are purged when the new epoch is first seen, and dropped if they
 arrive later. So answers that come after a timeout never pile up.
 
-Due times: a message whose header carries a future `ready_ns` (an emulated link, asap.workers.link) is
+Due times: a message whose header carries a future `ready_ns` (an emulated link, asap.workers.emulation.link) is
 held and filed when that time comes, as if it had only then arrived; every wait on the mailbox wakes
 for it.
 """

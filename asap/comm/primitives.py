@@ -170,29 +170,16 @@ class WorkQueue:
         return len(self.mailbox.work)
 
 
-def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None, clock=None) -> list[WorkItem]:
+def dispatch_recv(q: WorkQueue, timeout: float | None = 0.0, selector=None) -> list[WorkItem]:
     """The next work to run, from any replica and layer, as chosen by selector (an object with
-    `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first). Several items are
-    returned only when the selector merges same-layer work. [] if nothing is chosen within timeout.
-    clock: an emulated device's DeviceClock (asap.workers.clock; its dispatches carry due times): the
-    selector chooses at the time the device starts (when it is free, or when the first item was due)
-    among the items due by then, as the simulator's expert pool does; a host running behind its device
-    would otherwise see, and merge, items that came later."""
+    `.select(ready: list[WorkInfo], now) -> list[int]`; default oldest-first; `ready` is in the mailbox's
+    order). Several items are returned only when the selector merges same-layer work. [] if nothing is
+    chosen within timeout."""
     selector = selector or _OLDEST_FIRST
     work = q.mailbox.work
 
     def choose():
-        if clock is None:
-            return list(selector.select([it.info for it in work], time.monotonic()))
-        due = [it.header.ready_ns / 1e9 for it in work]
-        now = max(clock.free, min(due))
-        while True:
-            cand = [i for i, d in enumerate(due) if d <= now]
-            chosen = [cand[j] for j in selector.select([work[i].info for i in cand], now)]
-            until = getattr(selector, "wait_until", None)    # an aggregation window that holds them back
-            if chosen or until is None or not now < until <= time.monotonic():
-                return chosen
-            now = until                                      # the window closed meanwhile, in device time
+        return list(selector.select([it.info for it in work], time.monotonic()))
 
     def pick():
         if not work:
@@ -221,7 +208,7 @@ def combine_send(t: Transport, item: WorkItem, partial: torch.Tensor, ready_ns: 
                  sent_at: float | None = None) -> None:
     """Return the expert output for item's rows ([T_r, D], same row order) to the rank it came from
     (due at ready_ns under an emulated link). sent_at: when it left this worker's device (default: now;
-    emulated compute says when its op ended, asap.workers.clock)."""
+    emulated compute says when its op ended, asap.workers.emulation.clock)."""
     if partial.dim() != 2 or partial.shape[0] != item.header.num_tokens:
         raise ValueError(f"partial must be [{item.header.num_tokens}, D], got {tuple(partial.shape)}")
     header = item.header.replace(kind=Kind.COMBINE, num_tokens=partial.shape[0],

@@ -16,13 +16,15 @@ from asap.comm import CommTimeout, Mailbox, WorkQueue, dispatch_recv
 from asap.pipeline.depth import StepDepth
 from asap.workers.exchange import PointToPoint, serve_experts
 from asap.workers.replica import Replica
-from asap.workers.step import run_step
+from asap.workers.step import Runner, run_step
 
 
-def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool, link=None):
+def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: bool, emulation=None):
     """dest(layer, topk_ids) -> transport rank per (token, expert) pair (asap.workers.destinations);
-    link: the emulated link (asap.workers.link), None for a real one."""
-    exchange = PointToPoint(transport, Mailbox(transport, alive=ctx.engine_alive), dest, replica.index, ctx.spans, link)
+    emulation: an emulated worker's wrappers (asap.workers.emulation.worker.Emulation), None for a real one."""
+    mailbox = Mailbox(transport, alive=ctx.engine_alive)
+    exchange = (emulation.point_to_point if emulation else PointToPoint)(transport, mailbox, dest, replica.index,
+                                                                         ctx.spans)
     depth = StepDepth(k, adaptive)
     while ctx.running():
         if not ctx.intake(replica, block=not replica.has_work):
@@ -31,7 +33,8 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
             continue
         schedule, mbs = replica.plan(time.monotonic(), depth.k)     # each with its earliest TTFT deadline
         try:
-            step = run_step(ctx, replica, mbs, exchange, inputs_in=replica.inputs_in(schedule))
+            runner = emulation.runner(replica.inputs_in(schedule)) if emulation else Runner
+            step = run_step(ctx, replica, mbs, exchange, runner=runner)
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
             depth.end_step(step)
@@ -41,12 +44,13 @@ def attention_loop(ctx, replica: Replica, transport, dest, k: int, adaptive: boo
         ctx.flush()
 
 
-def expert_loop(ctx, compute, transport, selector):
+def expert_loop(ctx, compute, transport, selector, emulation=None):
     queue = WorkQueue(Mailbox(transport))      # its loop checks ctx.running() every 50 ms
-    clock = compute.clock if compute.emulated else None     # emulated: choose in device time
+    if emulation:                              # choose in device time
+        selector = emulation.selector(selector, queue.mailbox)
     while ctx.running():
         t0 = time.monotonic()
-        items = dispatch_recv(queue, timeout=0.05, selector=selector, clock=clock)
+        items = dispatch_recv(queue, timeout=0.05, selector=selector)
         ctx.spans.add("idle", t0, time.monotonic())
         if not items:
             ctx.flush()

@@ -14,8 +14,9 @@ micro-batch i's all-to-all is in flight (SGLang TBO, vLLM DBO).
 
 Both stamp the replica's epoch on what they send; `abandon` (after a timeout)
 bumps it, so the mailboxes purge the late answers of the abandoned step.
-Under emulated compute both also charge the hardware profile's link
-(asap.workers.link: `link`), as the simulator does; otherwise `link` is None.
+Under emulated compute, subclasses (asap.workers.emulation.exchange) charge
+the hardware profile's link, as the simulator does; the methods they override
+are the seams marked "real link" below.
 """
 from __future__ import annotations
 
@@ -29,16 +30,14 @@ from asap.comm import CombineInbox, CommTimeout, WorkQueue, combine_recv, combin
 from asap.comm.mailbox import ALIVE_CHECK_S
 from asap.model.stages import StageOut
 from asap.pipeline.exchange import num_to_serve
-from asap.workers.clock import wait_until
 
 
 class _Exchange:
     """What both exchanges share: the replica's epoch (stamped on what it sends), combine arrival times,
     and `abandon`."""
 
-    def __init__(self, transport, mailbox, dest, owner: int, spans, link=None):
+    def __init__(self, transport, mailbox, dest, owner: int, spans):
         self.transport, self.mailbox, self.dest, self.owner, self.spans = transport, mailbox, dest, owner, spans
-        self.link = link
         self.inbox = CombineInbox(mailbox)
         self._epoch = 0
         self._pending: dict[tuple[int, int], object] = {}    # (mb, layer) -> what combine waits on
@@ -54,7 +53,12 @@ class _Exchange:
     def arrival(self, mb: int, layer: int) -> float | None:
         return self._arrived.get((mb, layer))
 
-    def _received(self, mb: int, layer: int, pc, fallback: float) -> None:
+    def _stamp(self, copies: int) -> dict:
+        """Real link: a message is delivered when it is (no due time) and leaves when it is sent."""
+        return {}
+
+    def _received(self, mb: int, layer: int, pc, fallback: float, copies: int = 0) -> None:
+        """(mb, layer)'s combine is in: file when it came (real link: when the mailbox took its last part)."""
         self._arrived[(mb, layer)] = self.mailbox.arrived_at.get(pc.key, fallback)
         self.mailbox.forget(pc.key)
 
@@ -66,8 +70,8 @@ class _Exchange:
 
 
 class PointToPoint(_Exchange):
-    def __init__(self, transport, mailbox, dest, replica: int, spans, link=None):
-        super().__init__(transport, mailbox, dest, replica, spans, link)
+    def __init__(self, transport, mailbox, dest, replica: int, spans):
+        super().__init__(transport, mailbox, dest, replica, spans)
         self.replica = replica
         self.seq = 0
 
@@ -75,8 +79,7 @@ class PointToPoint(_Exchange):
         copies = out.topk_ids.numel()
         pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
                            replica=self.replica, layer=layer, microbatch=mb, seq=self.seq, deadline=deadline,
-                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0,
-                           sent_at=self.link.ready_at() if self.link else None)
+                           epoch=self._epoch, **self._stamp(copies))
         self.seq += 1
         self._pending[(mb, layer)] = (pc, now, copies)
         self._arrived.pop((mb, layer), None)
@@ -85,14 +88,7 @@ class PointToPoint(_Exchange):
         pc, sent_at, copies = self._pending.pop((mb, layer))
         with self.spans.span("stall"):
             partial = combine_recv(self.inbox, pc, timeout=timeout)
-            # The answers cross this replica's incoming link from when the last expert sent its part (not from
-            # when this replica, busy with another micro-batch's attention, got round to filing it).
-            done = self.mailbox.last_sent.get(pc.key, sent_at)
-            self._received(mb, layer, pc, sent_at)
-            if self.link:
-                due = self.link.received(done, copies)
-                wait_until(due)
-                self._arrived[(mb, layer)] = due
+            self._received(mb, layer, pc, sent_at, copies)
         return partial
 
 
@@ -107,8 +103,11 @@ class _KeySelector:
 
 
 class AllToAll(_Exchange):
-    def __init__(self, transport, mailbox, dest, rank: int, compute, spans, link=None):
-        super().__init__(transport, mailbox, dest, rank, spans, link)
+    # Real link: while it waits for a combine, a rank serves every later all-to-all whose dispatches are in.
+    EAGER_UNTIL = math.inf
+
+    def __init__(self, transport, mailbox, dest, rank: int, compute, spans):
+        super().__init__(transport, mailbox, dest, rank, spans)
         self.rank, self.compute = rank, compute
         self.ranks = list(range(transport.world_size))
         self.queue = WorkQueue(mailbox)
@@ -128,7 +127,7 @@ class AllToAll(_Exchange):
         copies = out.topk_ids.numel()
         pc = dispatch_send(self.transport, out.x, out.topk_ids, out.topk_weights, self.dest(layer, out.topk_ids),
                            replica=self.rank, layer=layer, microbatch=mb, seq=self.step, always_to=self.ranks,
-                           epoch=self._epoch, ready_ns=self.link.dispatch_due(copies) if self.link else 0)
+                           epoch=self._epoch, **self._stamp(copies))
         self._pending[(mb, layer)] = pc
         self._to_serve.append((self.step, layer, mb))
         self._copies[(self.step, layer, mb)] = copies
@@ -142,9 +141,7 @@ class AllToAll(_Exchange):
         deadline = None if timeout is None else time.monotonic() + timeout
         self.mailbox.pump(0)
         while True:
-            # Real ranks serve whatever is in while they wait; emulated ones serve up to `key` here and decide
-            # on later keys below, by due times (their host may run behind their device clock).
-            self._serve_by_rule(key, math.inf if self.link is None else -math.inf)
+            self._serve_by_rule(key, self.EAGER_UNTIL)
             got = self.mailbox.partials.get(pc.key, {})
             if key not in self._to_serve and pc.rows.keys() <= got.keys():
                 break
@@ -158,11 +155,7 @@ class AllToAll(_Exchange):
             t0 = time.monotonic()
             self.mailbox.pump(ALIVE_CHECK_S if wait is None else min(wait, ALIVE_CHECK_S))
             self.spans.add("stall", t0, time.monotonic())
-        if self.link is not None:
-            # As the simulator (asap.sim.sync_engine): while this combine was on its way, the device ran the
-            # later all-to-alls (in order) whose dispatches were all in by the time it came.
-            came = self.mailbox.arrived_at.get(pc.key, time.monotonic())
-            self._serve_by_rule(key, came)
+        self._combine_came(pc, key)
         partial = combine_recv(self.inbox, pc, timeout=0)
         self._received(mb, layer, pc, time.monotonic())
         return partial
@@ -182,9 +175,20 @@ class AllToAll(_Exchange):
             if not self._all_in(k):
                 times.append(None)
                 break
-            times.append(self._due(k) if self.link is not None else 0.0)
+            times.append(self._dispatched_at(k))
         awaited_at = next((i for i, k in enumerate(pending) if k == awaited), -1)
         return pending[0] if num_to_serve(times, awaited_at, until) else None
+
+    def _dispatched_at(self, key) -> float:
+        """Real link: a dispatch is in when the mailbox has it (all in: serve it now)."""
+        return 0.0
+
+    def _combine_came(self, pc, key) -> None:
+        """Real link: nothing more to serve once the combine is in (later keys were served as they came)."""
+
+    def _combine_due(self, own: int):
+        """Real link: answers are delivered when they are (no due time)."""
+        return None
 
     def _serve_by_rule(self, awaited, until: float) -> None:
         while (key := self.next_to_serve(awaited, until)) is not None:
@@ -194,15 +198,9 @@ class AllToAll(_Exchange):
         return sum((w.header.seq, w.header.layer, w.header.microbatch) == key
                    for w in self.mailbox.work) >= len(self.ranks)
 
-    def _due(self, key) -> float:
-        """When the last dispatch of `key` was due (an emulated link stamps every one)."""
-        return max(w.header.ready_ns for w in self.mailbox.work
-                   if (w.header.seq, w.header.layer, w.header.microbatch) == key) / 1e9
-
     def _serve(self, key) -> None:
         items = dispatch_recv(self.queue, timeout=0, selector=_KeySelector(key))
-        own = self._copies.pop(key, 0)
-        due = None if self.link is None else lambda pairs: self.link.combine_due(max(pairs, own))
+        due = self._combine_due(self._copies.pop(key, 0))
         with self.spans.span("compute"):
             serve_experts(self.compute, self.transport, items, due)
 

@@ -107,26 +107,11 @@ def worker_device(device: str, local_rank: int, num_gpus: int | None = None) -> 
 
 
 def _compute(spec: WorkerSpec, attention: bool):
-    """(compute, link): emulated compute waits out the cost model and charges its link (asap.workers.link);
-    real compute has the real link (None)."""
-    rt = spec.runtime
-    if rt.compute == "emulated":
-        from asap.workers.compute import EmulatedCompute
-        from asap.workers.costs import runtime_cost_table
-        from asap.workers.link import emulated_link
-        sync = spec.role == "rank"
-        table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async")
-        compute = EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
-                                  device=spec.device)
-        if sync:
-            ranks = rt.devices // rt.attention_tp
-            link = emulated_link(table.cost, "sync", ranks, ranks, rt.dilation, compute.clock)
-        else:
-            link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
-                                 rt.dilation, compute.clock)
-            if spec.role == "expert":
-                table.nic_per_copy = link.combine_per_copy_s
-        return compute, link
+    """(compute, emulation): emulated compute waits out the cost model and charges its link
+    (asap.workers.emulation); real compute has the real link (emulation None)."""
+    if spec.runtime.compute == "emulated":
+        from asap.workers.emulation.worker import emulated_worker
+        return emulated_worker(spec)
     from asap.workers.compute import RealCompute
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device), None
 
@@ -149,7 +134,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
         from asap.scheduler.replica import ReplicaScheduler
         from asap.workers.replica import Replica
         rt = spec.runtime
-        compute, link = _compute(spec, attention=spec.role != "expert")
+        compute, emulation = _compute(spec, attention=spec.role != "expert")
         transport = spec.transport.connect(spec.rank)
         transport.alive = ctx.engine_alive      # a send blocked on a full ring gives up once the engine is gone
         if rt.remote_experts and spec.role == "expert":
@@ -168,7 +153,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
 
         if spec.role == "attention":
             from asap.workers.async_loop import attention_loop
-            attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth, link)
+            attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth, emulation)
         elif spec.role == "expert":
             from asap.scheduler.expert_select import AggregationWindow, make_selector
             from asap.pipeline.depth import expert_batch_cap
@@ -176,10 +161,10 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             sel = make_selector(rt.selector, max_batch_tokens=expert_batch_cap(rt.token_budget))   # as the simulator
             if rt.aggregation_window_ms > 0:
                 sel = AggregationWindow(sel, rt.aggregation_window_ms / 1000)
-            expert_loop(ctx, compute, transport, sel)
+            expert_loop(ctx, compute, transport, sel, emulation)
         else:
             from asap.workers.sync_loop import rank_loop
-            rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1, link=link)
+            rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1, emulation=emulation)
     except Exception:  # noqa: BLE001 - reported to the engine, which fails the affected requests
         results.put(Failure(f"{spec.role}{spec.index}", traceback.format_exc()))
     finally:

@@ -86,7 +86,7 @@ class Replica:
     def inputs_in(self, schedule) -> float:
         """When a step's inputs were in: the latest arrival of its requests (a continuing chunk's KV is in
         from its last step, and that step's end bounds the device anyway); 0.0 for an empty step. Emulated
-        compute starts the step no earlier (asap.workers.clock), not when this process got round to it."""
+        compute starts the step no earlier (asap.workers.emulation.clock), not when this process got round to it."""
         return max((self.scheduler.get(rid).arrival for rid in schedule), default=0.0)
 
     def empty_microbatch(self) -> MicroBatch:

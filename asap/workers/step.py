@@ -3,7 +3,8 @@
 The pipeline (asap.pipeline.step.drive) says what comes next; this file's
 driver does it with the Replica's model stages and an expert exchange
 (asap.workers.exchange): point-to-point in the async attention loop, all-to-all
-in the sync rank loop.
+in the sync rank loop. An emulated worker drives with a subclass that also
+tells its device clock when inputs were in (asap.workers.emulation.step).
 """
 from __future__ import annotations
 
@@ -12,24 +13,18 @@ import time
 from asap.pipeline.step import StepPipeline, drive
 
 
-class _Runner:
+class Runner:
     """The runtime's StepDriver: real time, blocking waits."""
 
-    def __init__(self, ctx, replica, mbs: list, exchange, attend, inputs_in: float):
+    def __init__(self, ctx, replica, mbs: list, exchange, attend=None):
         self.ctx, self.replica, self.mbs, self.exchange = ctx, replica, mbs, exchange
         self.compute = replica.compute
         self._attend = attend
         self.outs, self.residual = {}, {}
-        # When each micro-batch's next input was in (told to emulated compute, asap.workers.clock; real kernels
-        # wait for real): the step's inputs, then 0.0 after its own attention (the next op follows it on the
-        # device), then its combine's arrival.
-        self.ready = [inputs_in] * len(mbs)
 
     def attend(self, i: int, layer: int) -> float:
         self.exchange.poll()       # file combines that came meanwhile: their arrival times feed the depth policy
         mb, compute = self.mbs[i], self.compute
-        compute.inputs_ready(self.ready[i])
-        self.ready[i] = 0.0
         with self.ctx.spans.span("compute"):
             t0 = time.monotonic()
             s = self._attend(self.replica, mb, layer) if self._attend else self.replica.attention(mb, layer)
@@ -51,18 +46,16 @@ class _Runner:
     def wait(self, i: int, layer: int) -> float:
         partial = self.exchange.combine(i, layer, self.ctx.comm_timeout_s)
         arrived = self.exchange.arrival(i, layer)
-        back = time.monotonic() if arrived is None else arrived
-        self.ready[i] = back
         with self.ctx.spans.span("compute"):
             self.mbs[i].h = self.compute.combine(self.residual.pop(i), [partial])
-        return back
+        return time.monotonic() if arrived is None else arrived
 
 
-def run_step(ctx, replica, mbs: list, exchange, attend=None, inputs_in: float | None = None) -> StepPipeline:
+def run_step(ctx, replica, mbs: list, exchange, attend=None, runner=Runner) -> StepPipeline:
     """Run every micro-batch of `mbs` through every layer; mb.h ends as the last layer's output.
-    attend(replica, mb, layer) -> StageOut defaults to replica.attention. inputs_in: when the step's
-    inputs were in (Replica.inputs_in; default now). Raises asap.comm.CommTimeout if the experts do not
-    answer within ctx.comm_timeout_s."""
+    attend(replica, mb, layer) -> StageOut defaults to replica.attention. runner: the driver class (an
+    emulated worker's: asap.workers.emulation). Raises asap.comm.CommTimeout if the experts do not answer
+    within ctx.comm_timeout_s."""
     pipe = StepPipeline(len(mbs), replica.compute.cfg.moe_layers)
-    drive(pipe, _Runner(ctx, replica, mbs, exchange, attend, time.monotonic() if inputs_in is None else inputs_in))
+    drive(pipe, runner(ctx, replica, mbs, exchange, attend))
     return pipe

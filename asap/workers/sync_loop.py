@@ -26,19 +26,21 @@ from asap.model.stages import StageOut
 from asap.workers.exchange import AllToAll
 from asap.workers.messages import Wake
 from asap.workers.replica import Replica
-from asap.workers.step import run_step
+from asap.workers.step import Runner, run_step
 
 
-def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=None):
+def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, emulation=None):
+    """emulation: an emulated worker's wrappers (asap.workers.emulation.worker.Emulation), None for a real one."""
     transport = Loopback(transport)
     mailbox = Mailbox(transport, alive=ctx.engine_alive)
-    exchange = AllToAll(transport, mailbox, dest, replica.index, compute, ctx.spans, link)
+    exchange = (emulation.all_to_all if emulation else AllToAll)(transport, mailbox, dest, replica.index, compute,
+                                                                 ctx.spans)
     ranks = exchange.ranks
     k = 2 if tbo else 1
     step, sent = 0, False
     # Emulated: every flag says when its rank's device finished the last step, so the step starts on every
     # rank at once, when the slowest is done (the simulator's lock-step), not when each host gets there.
-    done_ns = (lambda: int(compute.done_at() * 1e9)) if link is not None else (lambda: 0)
+    done_ns = emulation.done_ns if emulation else (lambda: 0)
     while ctx.running():
         ctx.intake(replica, block=False, wait_s=0.0)
         t0 = time.monotonic()
@@ -62,8 +64,8 @@ def rank_loop(ctx, replica: Replica, compute, transport, dest, tbo: bool, link=N
         mbs += [replica.empty_microbatch() for _ in range(k - len(mbs))]    # every rank runs all k
         exchange.begin_step(step)
         try:
-            run_step(ctx, replica, mbs, exchange, attend=_attend,
-                     inputs_in=max(replica.inputs_in(schedule), mailbox.barrier_ready))
+            runner = emulation.runner(max(replica.inputs_in(schedule), mailbox.barrier_ready)) if emulation else Runner
+            run_step(ctx, replica, mbs, exchange, attend=_attend, runner=runner)
             with ctx.spans.span("compute"):
                 replica.finish(schedule, mbs)
         except CommTimeout as e:

@@ -2,7 +2,7 @@
 
 On a GPU the host queues kernels ahead of the device, so the device runs one op after another,
 each from when the device is free and its inputs are in; the host's own Python time between ops is
-hidden as long as it keeps ahead. Emulated compute (asap.workers.compute.EmulatedCompute) waits
+hidden as long as it keeps ahead. Emulated compute (asap.workers.emulation.compute.EmulatedCompute) waits
 instead of computing, so without this clock every op would start when the host got round to it,
 and every millisecond of Python per layer (message handling, scheduling, sleep overshoot) would
 add to the emulated step: at a dilation of 8 that made lone prompts 9-34% slower EMULATED than
@@ -13,7 +13,7 @@ were in tells the clock (`inputs_ready`): the step pipeline (a step's start; a c
 under an emulated link is its due time), and the expert side (its dispatches' due times). With no word,
 an op's inputs are taken as in when it is issued, which is what the clock did before it chained.
 Messages leave when the op that made them ends (`out`), and the emulated link carries them from there
-(asap.workers.link). The host still blocks until each op's end (`wait_until`), so nothing downstream
+(asap.workers.emulation.link). The host still blocks until each op's end (`wait_until`), so nothing downstream
 sees a result early; when the host falls behind, the ops whose ends are already past return at once
 and the host catches up.
 """

@@ -1,6 +1,6 @@
 """The hardware profile's link, emulated: what the simulator charges for dispatch and combine, in wall time.
 
-Emulated workers wait out the cost model's compute times (asap.workers.compute.EmulatedCompute). Without
+Emulated workers wait out the cost model's compute times (asap.workers.emulation.compute.EmulatedCompute). Without
 this, their messages would cost only what the shm transport really takes, which at a dilation of 24 is
 close to nothing, and the emulated runtime would run ahead of the simulator, which charges the profile's
 link (asap.cost.comm). So an emulated worker charges the same formulas as the simulator, times the
@@ -26,7 +26,7 @@ import time
 class EmulatedLink:
     def __init__(self, latency_s: float, dispatch_per_copy_s: float, combine_per_copy_s: float,
                  dilation: float = 1.0, clock=None):
-        """clock: the worker's DeviceClock (asap.workers.clock): a message goes on the link when the op that
+        """clock: the worker's DeviceClock (asap.workers.emulation.clock): a message goes on the link when the op that
         made it ends; without one, when it is sent."""
         if min(latency_s, dispatch_per_copy_s, combine_per_copy_s) < 0 or dilation <= 0:
             raise ValueError("link times must be >= 0 and the dilation > 0")
