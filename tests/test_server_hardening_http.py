@@ -23,9 +23,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = [(7 * i) % 500 for i in range(4000)]
 
 
-def test_a_cancelled_request_never_gets_a_chunk_scheduled():
-    with asap.LLM("tiny-deepseek-v3", engine="async", attention_workers=1, expert_workers=1,
-                  token_budget=64) as llm:
+@pytest.mark.parametrize("engine,layout", [("async", {"attention_workers": 1, "expert_workers": 1}),
+                                           ("sync", {"devices": 1})])
+def test_a_cancelled_request_never_gets_a_chunk_scheduled(engine, layout):
+    with asap.LLM("tiny-deepseek-v3", engine=engine, token_budget=64, **layout) as llm:
         started, handle = [], llm.engine._handle
 
         def spy(msg):                       # every message the engine gets from its workers passes here

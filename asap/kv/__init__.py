@@ -2,7 +2,8 @@
 it to transformers.
 
     params = response.json()["kv_transfer_params"]        # asked for with {"do_remote_decode": true}
-    kv = asap.kv.pull(params)                             # -> PulledKV (per-layer tensors + metadata)
+    kv = asap.kv.pull(params, base_url="http://prefill:8000")   # -> PulledKV (per-layer tensors + metadata);
+                                                          # the API key goes to base_url only
     cache = asap.kv.to_transformers_cache(kv, hf_model.config)
     hf_model(next_ids, past_key_values=cache)
 """

@@ -26,7 +26,7 @@ from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
 from asap.sim.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
-from asap.sim.parallel import Progress
+from asap.sim.parallel import Progress, Serial
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
 from asap.sim.tune import CRITERIA, REFINE, EngineConfig, space, tune
@@ -121,7 +121,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             row = {"workload": str(wl), "devices": devices}
             progress = Progress(f"headline {wl} x{devices}", t_wall) if verbose else None
             t_row = time.perf_counter()
-            caches = {"sync": {}, "async": {}}      # simulations shared by the two criteria's searches
+            searches = []
             for engine in ("sync", "async"):
                 if prev_devices is None:
                     cands = None
@@ -133,9 +133,16 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 hint = None
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
-                t = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
-                         refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
-                         cache=caches[engine], executor=executor, progress=progress)
+                searches.append(dict(candidates=cands, start_rate=hint, refine=REFINE if prev_devices is None else 1,
+                                     prefix_cache=prefix_cache, progress=progress))
+            # A row's first device count searches the whole space: its screens run side by side within each
+            # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
+            side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
+            inner = None if side_by_side else executor
+            tuned = (executor if side_by_side else Serial()).map(_tune_engine, [
+                (reqs, engine, devices, model, hardware, every_bucket, dict(kw, executor=inner))
+                for engine, kw in zip(("sync", "async"), searches)])
+            for engine, (t, eb) in zip(("sync", "async"), tuned):
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
@@ -150,11 +157,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                                "lower_bound_describe": t.lower_bound_config.describe(devices)
                                if t.lower_bound_config else None, "buckets": t.buckets,
                                "num_screened": t.num_screened}
-                if every_bucket:    # the second criterion: its own search, the same space and rule
-                    eb = tune(reqs, engine, devices, model, hardware, candidates=cands, start_rate=hint,
-                              refine=REFINE if prev_devices is None else 1, prefix_cache=prefix_cache,
-                              criterion="every-bucket", cache=caches[engine], executor=executor,
-                              progress=progress)
+                if every_bucket:
                     row[engine]["every_bucket"] = {
                         "config": dataclasses.asdict(eb.best) if eb.best else None,
                         "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
@@ -184,6 +187,17 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         write_headline(out, out_dir)
         _write_traces(rows[0], base_slo, workloads[0], num_requests, model, hardware, out_dir, trace_s)
     return out
+
+
+def _tune_engine(job: tuple) -> tuple:
+    """One engine's tunes of a row: by the headline's criterion, and (every_bucket) by the every-length-bucket
+    one, its own search with the same space and rule, sharing simulations. An executor's task."""
+    reqs, engine, devices, model, hardware, every_bucket, kw = job
+    cache: dict = {}
+    t = tune(reqs, engine, devices, model, hardware, cache=cache, **kw)
+    eb = tune(reqs, engine, devices, model, hardware, criterion="every-bucket", cache=cache, **kw) \
+        if every_bucket else None
+    return t, eb
 
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
