@@ -236,8 +236,11 @@ class DistTransport(Transport):
                     tensors = []
                     for dtype, shape in layout:
                         n = nbytes(dtype, shape)
-                        buf = pool.take(torch.uint8, (n,)) if pool else \
-                            torch.empty(n, dtype=torch.uint8, device=self.device)
+                        if pool:
+                            buf = pool.take(torch.uint8, (n,))
+                        else:     # made on this thread's stream, read on the caller's: not reused before
+                            buf = torch.empty(n, dtype=torch.uint8, device=self.device)
+                            buf.record_stream(torch.cuda.default_stream(self.device))
                         if n:
                             ops.append(dist.P2POp(dist.irecv, buf, p))
                         tensors.append(buf.view(dtype).reshape(shape))
