@@ -1,6 +1,7 @@
 """`asap demo`: REAL exactness, an EMULATED 24-device DeepSeek-V3 cluster, the SIMULATED 384-die result.
 
-About 3 minutes on two idle cores (`--quick`: about a minute, for tests); progress goes to stderr.
+3-5 minutes on two cores (measured with other jobs running: 3.5 and 5 min; `--quick`, for tests:
+2.3-3.6 min); progress goes to stderr.
 Prints three labelled parts and a summary whose verdict is computed from this run's numbers, and
 writes demo.json (everything), demo.png (TTFT CDFs and worker timelines of the emulated runs) and
 per-engine timelines/Chrome traces into --out. On a loaded machine the EMULATED part raises its
@@ -29,10 +30,10 @@ RULE = "=" * 100
 
 def register(sub):
     p = sub.add_parser("demo", help="exact on this CPU, then async vs sync on an emulated and a simulated "
-                                    "DeepSeek-V3 cluster (~3 minutes)", description=__doc__,
+                                    "DeepSeek-V3 cluster (3-5 minutes)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="asap-demo-out", help="directory for demo.json and the plots")
-    p.add_argument("--quick", action="store_true", help="fewer devices and requests (about a minute; for tests)")
+    p.add_argument("--quick", action="store_true", help="fewer devices and requests (for tests; 2-4 minutes)")
     p.add_argument("--retune", action="store_true",
                    help="rerun the configuration search (asap/demo/tuning.py, minutes) instead of reading "
                         "asap/demo/tuned.json")

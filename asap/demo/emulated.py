@@ -21,7 +21,7 @@ from asap.bench.runner import Run
 from asap.measure.metrics import summarize
 from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
-from asap.demo.load import contention, flag, machine_load, raised_dilation
+from asap.demo.load import FLAG_MARGIN, MAX_RAISE, contention, flag, machine_load, raised_dilation
 from asap.demo.settings import DemoSettings, demo_requests
 from asap.demo.tuning import rate_text, tuned_configs
 
@@ -85,10 +85,18 @@ def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list
                                       "stall_fraction": mean_fraction(target.workers(), "stall")}
         finally:
             target.close()
-    flags = [f"{e}: {r['flag']}" for e, r in out["engines"].items() if r["flag"]]
-    out["flag"] = "; ".join(flags) or None
+    out["flag"] = merge_flags({e: r["flag"] for e, r in out["engines"].items()})
     out["wall_s"] = time.monotonic() - t0
     return out, runs
+
+
+def merge_flags(flags: dict[str, str | None]) -> str | None:
+    """One line: each reason once, after the engines it concerns ("sync, async: ...")."""
+    engines: dict[str, list[str]] = {}
+    for engine, text in flags.items():
+        for reason in (text.split("; ") if text else ()):
+            engines.setdefault(reason, []).append(engine)
+    return "; ".join(f"{', '.join(es)}: {reason}" for reason, es in engines.items()) or None
 
 
 def replay_lag_ms(caught, notes: list[str], dilation: float) -> float | None:
@@ -135,7 +143,9 @@ def format_emulated(e: dict) -> list[str]:
 
 
 def load_line(e: dict) -> str:
-    raised = f", raised from {e['base_dilation']:g}" if e["dilation"] != e["base_dilation"] else ""
+    raised = f", raised from {e['base_dilation']:g}" if e["dilation"] != e["base_dilation"] else \
+        f", not raised: no raise up to x{MAX_RAISE:g} covers this load" \
+        if e["load_avg_before"] / e["cores"] > MAX_RAISE * FLAG_MARGIN else ""
     lags = [f"{k} {r['replay_lag_ms']:.0f} ms" for k, r in e["engines"].items() if r["replay_lag_ms"] is not None]
     return (f"machine: load average {e['load_avg_before']:.1f} on {e['cores']} cores before this part (dilation "
             f"{e['dilation']:g}{raised}); CPU contention around the runs "

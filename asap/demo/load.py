@@ -3,10 +3,10 @@
 Emulated compute is a wait of (cost-model time x dilation); the CPU work around each wait (messages,
 scheduling, Python) is what the emulation cannot stretch. When other processes hold the cores, that work
 takes about load / cores times longer, so before the EMULATED part the demo multiplies the dilation by that
-factor (at most MAX_RAISE, which keeps the demo within minutes). Around each engine's run it measures the
-share of a core it actually gets; where the contention exceeded what the raised dilation covers, or the
-replay fell behind its own schedule, the emulated figures are flagged and the summary draws no verdict
-from them.
+factor (at most MAX_RAISE, which keeps the demo within minutes; not at all where even that could not cover
+the load). Around each engine's run it measures the share of a core it actually gets; where the
+contention exceeded what the raised dilation covers, or the replay fell behind its own schedule, the
+emulated figures are flagged and the summary draws no verdict from them.
 """
 from __future__ import annotations
 
@@ -36,7 +36,10 @@ def machine_load() -> Load:
 
 
 def raised_dilation(base: float, load: Load) -> float:
-    """The settings' dilation, raised by the contention the load average predicts (capped)."""
+    """The settings' dilation, raised by the contention the load average predicts (capped). Where even the
+    cap could not cover it, raising would only lengthen a run whose figures get flagged anyway: not raised."""
+    if load.per_core > MAX_RAISE * FLAG_MARGIN:
+        return base
     return min(base * MAX_RAISE, math.ceil(base * max(1.0, load.per_core) * 2) / 2)     # in steps of 0.5
 
 
@@ -57,7 +60,7 @@ def flag(dilation: float, base: float, worst_contention: float, lag_ms: float | 
     reasons = []
     if worst_contention > covered * FLAG_MARGIN:
         reasons.append(f"the demo got about 1/{worst_contention:.0f} of a core around its runs, more contention "
-                       f"than the dilation (x{dilation:g}) covers")
+                       f"than dilation {dilation:g} covers")
     if lag_ms is not None and ttft_p50_ms and lag_ms > LAG_FRACTION * ttft_p50_ms:
         reasons.append(f"the replay fell behind its schedule by up to {lag_ms:.0f} ms (emulated time), over "
                        f"{LAG_FRACTION:.0%} of the median TTFT")
