@@ -135,6 +135,28 @@ def test_a_client_that_hangs_up_cancels_the_engines_work_and_is_counted_aborted(
     assert metric(app, 'asap:request_success_total{finished_reason="abort"') == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_at_once_leaves_no_work_and_is_counted_once(cfg, stream):
+    llm = InstantLLM(cfg, hold=True)
+    app = create_app(llm, ServerConfig(max_pending=2, request_timeout_s=60), "m")
+    for _ in range(5):                  # whichever stage the disconnect lands in: parsing, submitted, streaming
+        _hang_up_after(app, {"prompt": [1, 2, 3], "stream": stream}, 0.0)
+    assert all(f.cancelled() for f in llm.futures) and app.state.service.admission.num_pending == 0
+    assert metric(app, 'asap:requests_total{model_name="m",outcome="aborted"}') == 5
+
+
+def test_a_stream_dropped_before_its_first_byte_still_cancels_and_counts(cfg):
+    llm = InstantLLM(cfg, hold=True)
+    app = create_app(llm, ServerConfig(), "m")
+
+    async def go():
+        chunks, closed = await app.state.service.handle("completion", b'{"prompt": [1, 2], "stream": true}')
+        closed()                        # what streams.Stream calls, even when the stream never started
+    asyncio.run(go())
+    assert llm.futures[0].cancelled() and app.state.service.admission.num_pending == 0
+    assert metric(app, 'asap:requests_total{model_name="m",outcome="aborted"}') == 1
+
+
 # ---- point 4: sampling values --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("body,param", [

@@ -114,7 +114,8 @@ def create_app(llm, cfg: ServerConfig, model_name: str, tokenizer=None, public_u
             return Response(status_code=499)
         if isinstance(result, bytes):
             return Response(result, media_type="application/json")
-        return Stream(result, "text/event-stream", HEADERS)
+        chunks, closed = result
+        return Stream(chunks, "text/event-stream", HEADERS, on_close=closed)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -105,8 +105,9 @@ class PrefillService:
         return Answer(rid, self.model_name, self.tokenizer, self.cfg.max_response_mb)
 
     async def handle(self, kind: str, body: bytes):
-        """-> the encoded response body (bytes), or an async iterator of SSE bytes when the request streams.
-        Cancelling the call (the client hung up) cancels the engine's work and counts the request aborted."""
+        """-> the encoded response body (bytes), or, when the request streams, (an async iterator of SSE bytes,
+        a function to call once the response is over). Cancelling the call (the client hung up) cancels the
+        engine's work and counts the request aborted."""
         arrival = time.monotonic()
         try:
             job = await self.off_loop(self._parse, kind, body)
@@ -119,7 +120,13 @@ class PrefillService:
             raise
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
         if job.common.stream:
-            return self._stream(job, rid, futures, waits, arrival)
+            ran = []
+
+            def closed():               # a stream cancelled before it began never ran its own clean-up
+                if not ran:
+                    self._abandon(futures)
+                    self.metrics.finish("aborted", arrival, sum(map(len, job.prompts)))
+            return self._stream(job, rid, futures, waits, arrival, ran), closed
         outcome = "failed"
         try:
             outs = await self._await_all(waits)
@@ -139,8 +146,9 @@ class PrefillService:
             self._abandon(futures)
             self.metrics.finish(outcome, arrival, sum(map(len, job.prompts)))
 
-    async def _stream(self, job: Job, rid: str, futures: list, waits: list, arrival: float):
+    async def _stream(self, job: Job, rid: str, futures: list, waits: list, arrival: float, ran: list):
         outcome, sent, kv = "failed", 0, None
+        ran.append(True)
         try:
             pending = {w: i for i, w in enumerate(waits)}
             end = time.monotonic() + self.cfg.request_timeout_s
