@@ -257,22 +257,25 @@ def config_from_args(a) -> EngineConfig:
 
 def add_parser(sub) -> None:
     e = sub.add_parser("explain", help="where a simulated run's time goes: busy / stall / idle per die, link, "
-                                       "expert batches (SIMULATED)")
-    e.add_argument("--engine", required=True, choices=["sync", "async"])
-    e.add_argument("--devices", type=int, default=32)
+                                       "expert batches (SIMULATED)",
+                       description="SIMULATED. Run one engine configuration at one rate and print where the time "
+                                   "goes: busy / stall / idle per die, the link, the expert batches. About 10-15 s "
+                                   "on two cores with the defaults.")
+    e.add_argument("--engine", required=True, choices=["sync", "async"], help="engine to simulate")
+    e.add_argument("--devices", type=int, default=32, help="devices of the simulated cluster")
     e.add_argument("--rate", type=float, required=True, help="requests/s")
     e.add_argument("--workload", default="conversation", help="a name of asap.workload.presets or a trace path")
-    e.add_argument("--num-requests", type=int, default=750)
-    e.add_argument("--slo", default="2s+1ms/tok")
-    e.add_argument("--attention-tp", type=int, default=1)
+    e.add_argument("--num-requests", type=int, default=750, help="requests of the workload")
+    e.add_argument("--slo", default="2s+1ms/tok", help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
+    e.add_argument("--attention-tp", type=int, default=1, help="tensor-parallel degree of attention")
     e.add_argument("--chunk", type=int, default=16384, help="tokens per step of a DP group / replica")
-    e.add_argument("--instances", type=int, default=1)
+    e.add_argument("--instances", type=int, default=1, help="independent instances the devices are split into")
     e.add_argument("--attention-workers", type=int, default=None, help="async: A per instance (default: balanced)")
-    e.add_argument("--microbatches", type=int, default=2)
+    e.add_argument("--microbatches", type=int, default=2, help="async: micro-batches per step")
     e.add_argument("--no-tbo", action="store_true", help="sync: two-batch overlap off")
-    e.add_argument("--router", default="queue-aware")
-    e.add_argument("--model", default="deepseek-v3")
-    e.add_argument("--hardware", default="cloudmatrix384")
+    e.add_argument("--router", default="queue-aware", help="request router across replicas / DP groups")
+    e.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
+    e.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
     e.add_argument("--json", default=None, help="also write the breakdown here")
     e.set_defaults(run=_run)
 
