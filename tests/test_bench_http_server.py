@@ -70,3 +70,16 @@ def test_without_model_the_model_and_token_ids_come_from_the_server(server_url, 
     assert run["completed"] == 4 and run["failed"] == 0
     # served under a name that is no preset or directory here: its /tokenize bounds the ids
     assert "served-tiny" in captured.err and "/tokenize" in captured.err
+
+
+def test_sharegpt_text_is_tokenized_by_the_server_when_no_model_is_given(server_url, tmp_path, capsys):
+    url, _ = server_url
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps([{"conversations": [{"from": "human", "value": f"tell me about prefill number {i}, "
+                                                                                   "please, in a few words"},
+                                                   {"from": "gpt", "value": "ok"}]} for i in range(3)]))
+    out = tmp_path / "all.json"
+    assert main(["bench", "--target", "http", "--base-url", url, "--dataset-name", "sharegpt", "--dataset-path",
+                 str(data), "--num-prompts", "3", "--json", str(out), "--no-progress"]) == 0
+    [run] = json.loads(out.read_text())["runs"]
+    assert run["completed"] == 3 and run["failed"] == 0 and run["total_input_tokens"] >= 3 * 4
