@@ -31,7 +31,7 @@ def gate(cfg: ModelConfig, w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torc
         group_scores = choice.view(T, G, E // G).topk(2, dim=-1).values.sum(-1)     # [T,G]
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
         keep.scatter_(1, group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(E // G, dim=1), float("-inf"))
+        choice = choice.view(T, G, E // G).masked_fill(~keep[:, :, None], float("-inf")).view(T, E)
     ids = choice.topk(cfg.top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if cfg.norm_topk_prob:
