@@ -76,7 +76,7 @@ def test_quick_demo_tells_the_three_part_story_and_writes_json(tmp_path, capsys)
     # the verdict is the run's own: an explanation of async's lead only where the run showed one
     verdict = next(x for x in doc["summary"] if x.startswith("VERDICT"))
     assert ("Why async can lead" in stdout) == ("async ahead in" in verdict)
-    assert ("Why sync leads" in stdout) == ("sync ahead in" in verdict)
+    assert ("Where sync leads" in stdout) == ("sync ahead in" in verdict)
     assert doc["emulated"]["dilation"] >= QUICK.dilation and "machine: load average" in stdout
     assert ("FLAGGED" in stdout) == (doc["emulated"]["flag"] is not None)
 
@@ -147,12 +147,12 @@ def _run(async_att=1.0, sync_att=1.0, flagged=None, tuned=(10.0, 10.0), source="
 def test_the_summary_explains_only_what_the_run_showed():
     from asap.demo.report import verdict_lines
     tie = "\n".join(verdict_lines(*_run()))
-    assert "Nothing in this run separates the engines" in tie and "Why async" not in tie and "Why sync" not in tie
+    assert "Nothing in this run separates the engines" in tie and "Why async" not in tie and "sync leads" not in tie
     win = "\n".join(verdict_lines(*_run(live=[(30.0, 0.97, 0.40)])))
     assert "async ahead in: both engines live at 30 req/s" in win and "Why async can lead" in win
-    assert "Why sync" not in win
+    assert "sync leads" not in win
     lose = "\n".join(verdict_lines(*_run(tuned=(20.0, 10.0))))              # sync's stored rate is higher
-    assert "sync ahead in" in lose and "Why sync leads where it does" in lose and "Why async" not in lose
+    assert "sync ahead in" in lose and "Where sync leads" in lose and "Why async" not in lose
     assert "at least" in lose and "expert pool" in lose                     # the computed why, from the configs
     stale = "\n".join(verdict_lines(*_run(tuned=(20.0, 10.0), source="STALE")))
     assert "sync ahead" not in stale                                        # a stale tuning ranks nothing

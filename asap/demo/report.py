@@ -46,31 +46,31 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
     ]
 
 
-def leads(emulated: dict, simulated: dict) -> list[tuple[str, str | None]]:
-    """(what was compared, "async" | "sync" | None for no lead) for each comparison this run made."""
+def leads(emulated: dict, simulated: dict) -> list[tuple[str, str | None, int]]:
+    """(what was compared, "async" | "sync" | None for no lead, on how many dies) per comparison this run made."""
     n, big = emulated["devices"], simulated["devices"]
     out = []
     if not emulated.get("flag"):
         e = emulated["engines"]
         out.append((f"the EMULATED runs on {n} dies", _ahead(e["async"]["summary"]["slo_attainment"],
-                                                              e["sync"]["summary"]["slo_attainment"])))
+                                                              e["sync"]["summary"]["slo_attainment"]), n))
     out.append((f"the tuned throughputs on {n} dies (SIMULATED)",
-                _tuned_lead(emulated["tuned"], emulated.get("tuned_source", ""))))
+                _tuned_lead(emulated["tuned"], emulated.get("tuned_source", "")), n))
     out.append((f"the tuned throughputs on {big} dies (SIMULATED)",
-                _tuned_lead(simulated["tuned"], simulated.get("tuned_source", ""))))
+                _tuned_lead(simulated["tuned"], simulated.get("tuned_source", "")), big))
     for r in simulated.get("runs", []):
         a, s = (r["engines"][k]["slo_attainment"] for k in ("async", "sync"))
         holds = {k: v >= TARGET for k, v in (("async", a), ("sync", s))}
         who = "async" if holds["async"] and not holds["sync"] else "sync" if holds["sync"] and not holds["async"] \
             else None
-        out.append((f"both engines live at {r['rate']:g} req/s on {big} dies (SIMULATED)", who))
+        out.append((f"both engines live at {r['rate']:g} req/s on {big} dies (SIMULATED)", who, big))
     return out
 
 
 def verdict_lines(emulated: dict, simulated: dict) -> list[str]:
     """What this run showed, from its own numbers; the explanation only of what it showed."""
     found = leads(emulated, simulated)
-    by = {k: [what for what, who in found if who == k] for k in ("async", "sync", None)}
+    by = {k: [what for what, who, _ in found if who == k] for k in ("async", "sync", None)}
     lines = ["VERDICT of this run: " + "; ".join(
         f"{label}: {', '.join(by[k])}" for k, label in (("async", "async ahead in"), ("sync", "sync ahead in"),
                                                          (None, "no lead in")) if by[k])]
@@ -79,14 +79,16 @@ def verdict_lines(emulated: dict, simulated: dict) -> list[str]:
                      "an all-to-all every rank must reach, so a short prompt waits for the longest chunk in flight "
                      "anywhere; async replicas run at their own pace and expert workers serve whatever is ready.")
     if by["sync"]:
-        lines.append("Why sync leads where it does: " + _why_sync(emulated, simulated))
+        lines.append("Where sync leads, the layouts differ: " + _why_sync(emulated, simulated,
+                                                                   {n for _, who, n in found if who == "sync"}))
     if not by["async"] and not by["sync"]:
         lines.append("Nothing in this run separates the engines: it shows no advantage for async (or for sync).")
     return lines
 
 
-def _why_sync(emulated: dict, simulated: dict) -> str:
-    """The facts of this run's configurations that favour sync (computed, not asserted)."""
+def _why_sync(emulated: dict, simulated: dict, sizes: set[int]) -> str:
+    """The facts of this run's configurations that favour sync, at the sizes where it led (computed, not
+    asserted)."""
     from asap.sim.hardware import get_hardware
     from asap.sim.memory import min_expert_workers
     from asap.sim.run import get_model
@@ -94,15 +96,17 @@ def _why_sync(emulated: dict, simulated: dict) -> str:
     parts = []
     for n, tuned in ((emulated["devices"], emulated["tuned"]), (simulated["devices"], simulated["tuned"])):
         a, s = tuned["async"]["config"], tuned["sync"]["config"]
+        if n not in sizes or a.get("attention_workers") is None:   # not led there, or a layout not spelled out
+            continue
         per = n // (a.get("instances") or 1)
-        experts = per - a["attention_workers"] * a["attention_tp"]
+        experts = per - a["attention_workers"] * (a.get("attention_tp") or 1)
         parts.append(f"on {n} dies async's best gives {experts} of {per} dies to its expert pool (at least {need} "
                      f"hold every routed expert's weights) and attention to the other {per - experts}, while sync "
                      f"runs attention and experts on every die"
                      + (f" in {s['instances']} independent instances of TP{s['attention_tp']} attention, whose "
-                        f"barriers span only their own dies" if s.get("instances", 1) > 1 else
-                        f" with TP{s['attention_tp']} attention" if s.get("attention_tp", 1) > 1 else ""))
-    return "; ".join(parts) + "."
+                        f"barriers span only their own dies" if (s.get("instances") or 1) > 1 else
+                        f" with TP{s['attention_tp']} attention" if (s.get("attention_tp") or 1) > 1 else ""))
+    return "; ".join(parts) + "." if parts else "the stored configurations do not spell out their layouts."
 
 
 def _ahead(a: float, s: float) -> str | None:
