@@ -161,3 +161,18 @@ def test_bad_arguments_give_clear_errors():
         run([Request(0, 10)], "async", devices=4, microbatches=0, **SMALL)
     with pytest.raises(ValueError, match="unique"):
         run([Request(0, 10), Request(0, 20)], "sync", devices=2, **SMALL)
+
+
+def test_one_engine_spec_whichever_way_it_is_given():
+    """run(requests, EngineSpec(...)) and run(requests, **the same settings) are one engine: the same TTFTs;
+    a bad setting is refused when the spec is made, naming it, before anything is simulated."""
+    reqs = [Request(i, 300 + 100 * i, arrival=0.01 * i) for i in range(6)]
+    kw = dict(devices=8, attention_tp=2, token_budget=2048, router="round-robin")
+    spec = EngineSpec("sync", SMALL["model_cfg"], SMALL["hardware"], **kw)
+    assert [r.ttft for r in run(reqs, spec).results] == [r.ttft for r in run(reqs, "sync", **SMALL, **kw).results]
+    with pytest.raises(ValueError, match="attention_tp"):
+        EngineSpec("sync", attention_tp=0)
+    with pytest.raises(ValueError, match="instances=3"):
+        run(reqs, "sync", **SMALL, devices=8, instances=3)
+    with pytest.raises(TypeError, match="token_budjet"):
+        run(reqs, "sync", **SMALL, token_budjet=10)
