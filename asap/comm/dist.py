@@ -39,7 +39,7 @@ from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Messag
 SLOTS = 8                                   # messages per peer per round
 _BLOCK_HEAD = struct.Struct("<qq")          # count (-1: goodbye), takes payloads (0/1)
 BLOCK_BYTES = _BLOCK_HEAD.size + SLOTS * ENVELOPE_BYTES
-_IDLE_MAX_S = 0.002                         # longest nap between empty rounds
+_IDLE_MAX_S = 0.0005                        # longest nap between empty rounds
 
 
 @dataclass(frozen=True)
