@@ -113,3 +113,22 @@ def test_ready_queue_is_used_only_for_the_selectors_it_copies():
     assert isinstance(ready_queue(make_selector("deadline", window_s=0.1)), ReadyQueue)
     assert isinstance(ready_queue(Custom()), ListQueue)
     assert isinstance(ready_queue(AggregationWindow(Custom(), 0.1)), ListQueue)
+
+
+@pytest.mark.parametrize("name", ["oldest", "largest", "deadline"])
+def test_the_async_simulator_gives_the_same_ttfts_with_the_fast_queue_as_with_select(name):
+    """End to end: a subclass of the selector (which the engine hands to select() over a list) and the built-in
+    one (kept in a ReadyQueue) give the same TTFTs and event count, with and without an aggregation window."""
+    from asap.scheduler.request import Request
+    from asap.sim.run import run
+    from asap.workload.slo import SLO
+
+    reqs = SLO(0.005, 1e-6).apply([Request(i, 1000 + 500 * (i % 7), 0.002 * i) for i in range(150)])
+    for window_s in (0.0, 0.0005):
+        listed = type("Listed", (make_selector(name).__class__,), {})(max_batch_tokens=4096)
+        listed = AggregationWindow(listed, window_s) if window_s else listed
+        fast = run(reqs, "async", "small-deepseek-v3", "h800", 8, 3,
+                   selector=make_selector(name, window_s=window_s, max_batch_tokens=4096))
+        slow = run(reqs, "async", "small-deepseek-v3", "h800", 8, 3, selector=listed)
+        assert [r.ttft for r in fast.results] == [r.ttft for r in slow.results]
+        assert fast.num_events == slow.num_events
