@@ -43,7 +43,7 @@ def parse_quant(hf: dict, source) -> QuantConfig | None:
     method = q.get("quant_method")
     if method != "fp8":
         raise ModelLoadError(source, f"field 'quantization_config': quant_method {method!r} is not supported "
-                                     "(supported: 'fp8' with 128x128-style weight blocks, dequantised at load)")
+                                     "(supported: 'fp8' with 128x128-style weight blocks)")
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(source, f"field 'quantization_config': fp8 fmt {fmt!r} is not supported (only 'e4m3')")
