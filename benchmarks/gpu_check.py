@@ -82,8 +82,8 @@ def phase_exact(model: str, dtype: str, engine: str, device: str) -> dict:
         if a.shape != b.shape:
             worst["logprobs"] = float("inf")
         elif b.numel():
-            worst["logprobs"] = max(worst["logprobs"], (a - b).abs().max().item(),
-                                    (o.prompt_logprobs.top_logprobs - r.prompt_logprobs.top_logprobs).abs().max().item())
+            top = (o.prompt_logprobs.top_logprobs - r.prompt_logprobs.top_logprobs).abs().max().item()
+            worst["logprobs"] = max(worst["logprobs"], (a - b).abs().max().item(), top)
     ok = all(worst[k] <= tol[k] for k in worst) and tokens_equal + near_ties == len(prompts)
     return {"ok": ok, "worst": worst, "bounds": tol, "first_tokens_equal": tokens_equal,
             "first_tokens_near_ties": near_ties, "prompts": len(prompts),
@@ -367,7 +367,8 @@ def main(argv=None) -> int:
     args.expect_device = args.expect_device or args.device
     args.phase_timeout = min(args.phase_timeout, PHASE_S)
     driver = Driver(args)
-    timer = threading.Timer(args.deadline, lambda: os._exit(driver.finish(f"hard deadline of {args.deadline:.0f} s hit") or 3))
+    late = f"hard deadline of {args.deadline:.0f} s hit"
+    timer = threading.Timer(args.deadline, lambda: os._exit(driver.finish(late) or 3))
     timer.daemon = True
     timer.start()
     import torch

@@ -21,7 +21,8 @@ def test_unpadded_mla_values_equal_padded(start, monkeypatch):
 
 def test_continued_gqa_chunk_with_expanded_kv_equals_enable_gqa(monkeypatch):
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(8, 16, 32, generator=g), torch.randn(2, 80, 32, generator=g), torch.randn(2, 80, 32, generator=g)
+    q = torch.randn(8, 16, 32, generator=g)
+    k, v = torch.randn(2, 80, 32, generator=g), torch.randn(2, 80, 32, generator=g)
     masked = attention._sdpa(q, k, v, 64, 0.2, gqa=True)
     monkeypatch.setattr(attention, "EXPAND_GQA_ON", {"cpu"})
     expanded = attention._sdpa(q, k, v, 64, 0.2, gqa=True)

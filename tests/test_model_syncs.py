@@ -123,7 +123,8 @@ def test_the_counter_sees_the_syncs_the_old_expert_stage_made(counter):
 
 def test_grouped_swiglu_equals_the_per_expert_loop(monkeypatch):
     g = torch.Generator().manual_seed(0)
-    xs, gu, dn = torch.randn(23, 16, generator=g), torch.randn(3, 16, 16, generator=g), torch.randn(3, 16, 8, generator=g)
+    xs = torch.randn(23, 16, generator=g)
+    gu, dn = torch.randn(3, 16, 16, generator=g), torch.randn(3, 16, 8, generator=g)
     offs = torch.tensor([5, 5, 20], dtype=torch.int32)         # expert 1 gets no rows; rows 20.. belong to nobody
     want = []
     for e, (a, b) in enumerate([(0, 5), (5, 5), (5, 20)]):
