@@ -90,6 +90,11 @@ def dequantize_stacked(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, i
     float32 (the arithmetic the loader used at load: the same numbers), so the float32 transient is one expert."""
     El, O, I = w.shape
     bo, bi = block
+    if O % bo == 0 and I % bi == 0:     # whole blocks: broadcast the scales, no expanded [O,I] scale tensor
+        nO, nI = O // bo, I // bi
+        for e in range(El):
+            out[e].view(nO, bo, nI, bi).copy_(w[e].float().view(nO, bo, nI, bi) * scale[e][:, None, :, None])
+        return out
     for e in range(El):
         out[e] = w[e].float() * scale[e].repeat_interleave(bo, 0)[:O].repeat_interleave(bi, 1)[:, :I]
     return out
