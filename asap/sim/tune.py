@@ -364,7 +364,7 @@ def _simulate(task: tuple) -> dict:
         out["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
     if progress is not None:
         within = out["slo_attainment"]
-        progress(f"{c.describe(devices)} on {devices} devices: {rate:.4g} req/s x {len(reqs)} requests -> "
+        progress(f"{c.describe(devices)}: {rate:.4g} req/s, {len(reqs)} requests -> "
                  + ("-" if within is None else f"{within:.1%} within SLO"))
     return out
 
