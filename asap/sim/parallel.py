@@ -108,8 +108,13 @@ def make_executor(kind: str = "process", jobs: int | None = None) -> Executor:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     if kind == "ray":
         return RayExecutor(jobs)
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or cores()
     return Serial() if kind == "serial" or jobs == 1 else ProcessPool(jobs)
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the OS says; else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def add_arguments(parser) -> None:
