@@ -17,6 +17,7 @@ Phases:
          than the device asked for, or none reported.
   layer  one DeepSeek-V3-shaped MoE layer (full dims, bf16, 1/8 of the routed experts as under EP8) at
          T = 1K and 4K tokens: attention stage and expert stage times against the measured bf16 matmul peak,
+         the expert stage with the shard kept in FP8 (and the per-layer dequantisation alone),
          forced-flash SDPA on MLA's shapes, torch._grouped_mm against the per-expert loop, and the host
          syncs of one layer step counted by torch.cuda.set_sync_debug_mode (on the CPU dry run: tiny dims,
          no sync count). Informational, except that a failing op fails the phase.
@@ -143,7 +144,16 @@ def phase_layer(device: str, tokens: list[int]) -> dict:
     shard = moe.ExpertShard.build(cfg.num_experts, {0: list(range(El))},
                                   {0: (0.02 * torch.randn(El, 2 * I, D, generator=g, device=dev)).to(dt)},
                                   {0: (0.02 * torch.randn(El, D, I, generator=g, device=dev)).to(dt)})
-    out: dict = {"preset": preset, "dtype": "bfloat16", "experts_held": El}
+    # The same shard as block-FP8 (DeepSeek-V3's 128x128 blocks; the numbers do not matter for timing):
+    # resident in FP8, dequantised one layer at a time when it runs (asap.model.moe.ExpertShard.weights).
+    bo = bi = 128
+    fp8 = moe.ExpertShard.build(
+        cfg.num_experts, {0: list(range(El))},
+        {0: shard.gate_up[0].to(torch.float8_e4m3fn)}, {0: shard.down[0].to(torch.float8_e4m3fn)},
+        {0: (torch.rand(El, 2 * -(-I // bo), -(-D // bi), generator=g, device=dev),
+             torch.rand(El, -(-D // bo), -(-I // bi), generator=g, device=dev))}, (bo, bi), dt)
+    out: dict = {"preset": preset, "dtype": "bfloat16", "experts_held": El,
+                 "expert_bytes_bf16": shard.nbytes(), "expert_bytes_fp8": fp8.nbytes()}
     n = 8192 if gpu else 512
     a, b = torch.randn(n, n, device=dev, dtype=dt), torch.randn(n, n, device=dev, dtype=dt)
     peak = 2 * n ** 3 / _time(lambda: a @ b, dev)
@@ -159,6 +169,8 @@ def phase_layer(device: str, tokens: list[int]) -> dict:
         pairs = int((ids < El).sum())
         t_att = _time(lambda: attention_stage(side, 0, h, batch, kv), dev)
         t_exp = _time(lambda: moe.expert_stage(shard, 0, s.x, ids, s.topk_weights), dev)
+        t_fp8 = _time(lambda: moe.expert_stage(fp8, 0, s.x, ids, s.topk_weights), dev)
+        t_deq = _time(lambda: fp8.weights(0), dev)
         flops = 6 * pairs * D * I                                   # gate_up (2 x 2I x D) + down (2 x I x D)
         saved, moe._GROUPED_MM = moe._GROUPED_MM, {(dev.type, dt): False}
         try:
@@ -167,6 +179,7 @@ def phase_layer(device: str, tokens: list[int]) -> dict:
             moe._GROUPED_MM = saved
         row = {"T": T, "local_pairs": pairs, "attention_stage_ms": round(t_att * 1e3, 3),
                "expert_stage_ms": round(t_exp * 1e3, 3), "expert_loop_ms": round(t_loop * 1e3, 3),
+               "expert_stage_fp8_ms": round(t_fp8 * 1e3, 3), "fp8_dequantise_ms": round(t_deq * 1e3, 3),
                "expert_gemm_fraction_of_peak": round(flops / t_exp / peak, 3),
                "grouped_mm_used": bool(hasattr(torch, "_grouped_mm") and moe._GROUPED_MM.get((dev.type, dt), True))}
         H, dn, R, dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
