@@ -1,9 +1,12 @@
-"""The step pipeline: one replica's step as a pure state machine (step.py), the depth and batch-cap
-policies (depth.py) and the expert-exchange interface (exchange.py). Pure Python, no torch: the
-async and sync worker loops and the simulator's engines all drive these same objects."""
+"""The step core, pure Python (no torch): what the async and sync worker loops and both simulated engines
+call. plan.py plans a step (chunks, offsets, micro-batches with their work and deadline); step.py is the
+step's state machine and `drive`, the one action switch; depth.py the depth and batch-cap policies;
+exchange.py the typed expert-exchange protocol and the sync all-to-all's serving rule."""
 from asap.pipeline.depth import StepDepth, expert_batch_cap
-from asap.pipeline.exchange import Exchange
-from asap.pipeline.step import FINISH, Attend, Dispatch, Finish, StepPipeline, Wait
+from asap.pipeline.exchange import Exchange, num_to_serve
+from asap.pipeline.plan import PlannedMicroBatch, StepPlan, plan_step, token_weighted_length
+from asap.pipeline.step import FINISH, Attend, Dispatch, Finish, StepDriver, StepPipeline, Wait, drive
 
-__all__ = ["FINISH", "Attend", "Dispatch", "Exchange", "Finish", "StepDepth", "StepPipeline", "Wait",
-           "expert_batch_cap"]
+__all__ = ["FINISH", "Attend", "Dispatch", "Exchange", "Finish", "PlannedMicroBatch", "StepDepth", "StepDriver",
+           "StepPipeline", "StepPlan", "Wait", "drive", "expert_batch_cap", "num_to_serve", "plan_step",
+           "token_weighted_length"]
