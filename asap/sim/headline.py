@@ -166,11 +166,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
-            _skeptic(row, reqs, devices, model, hardware, every_bucket)
+            _skeptic(row, reqs, devices, model, hardware, every_bucket, executor)
             # the SLO-scale sweep at the first device count (its cost grows with N)
             first = devices == device_counts[0] and resume is None
             row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales if first else (1.0,),
-                                                devices, model, hardware)
+                                                devices, model, hardware, executor)
             row["wall_s"] = time.perf_counter() - t_row
             rows.append(row)
             if verbose:
@@ -207,7 +207,13 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache}
 
 
-def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool) -> None:
+def _rate_at_task(job: tuple) -> dict:
+    """rate_at as an executor's task: (positional arguments, keyword arguments)."""
+    args, kw = job
+    return rate_at(*args, **kw)
+
+
+def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=None) -> None:
     """What a skeptic asks of a row: both engines' attainment per prompt-length bucket at the compared rate
     (the lower of the two maxima, where both claim >= 90% of requests), the ratio at other attainment
     targets (the two best configurations re-searched), and the ratio under the every-bucket criterion."""
@@ -218,19 +224,21 @@ def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool) -> None:
         n = min(len(reqs), max(s["num_requests"] or 0, a["num_requests"] or 0))
         row["compared"] = {"rate": rate, "num_requests": n,
                            **{e: buckets_at(reqs[:n], cfg[e], devices, model, hardware, rate) for e in cfg}}
-    rates = {}
+    rates, searches = {}, {}      # the re-searches are independent: run side by side where an executor allows
     for target in TARGETS:
         if target == 0.9:
             rates[str(target)] = {"sync": s["max_slo_rate"], "async": a["max_slo_rate"]}
             continue
         rates[str(target)] = {}
         for e in ("sync", "async"):
+            rates[str(target)][e] = None
             if e not in cfg or not row[e]["max_slo_rate"]:
-                rates[str(target)][e] = None
                 continue
             n = row[e]["num_requests"] or len(reqs)
-            found = rate_at(reqs[:n], cfg[e], devices, model, hardware, row[e]["max_slo_rate"], target=target)
-            rates[str(target)][e] = found["max_slo_rate"] if found["valid"] else None
+            searches[(str(target), e)] = ((reqs[:n], cfg[e], devices, model, hardware, row[e]["max_slo_rate"]),
+                                          dict(target=target))
+    for (target, e), found in zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())):
+        rates[target][e] = found["max_slo_rate"] if found["valid"] else None
     row["ratio_by_target"] = {k: {"ratio": v["async"] / v["sync"] if v["sync"] and v["async"] else None, **v}
                               for k, v in rates.items()}
     if every_bucket:
@@ -238,24 +246,28 @@ def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool) -> None:
         row["ratio_every_bucket"] = ae / se if se and ae else None
 
 
-def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware) -> dict:
-    out = {}
+def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware, executor=None) -> dict:
+    searches = {}       # independent: run side by side where an executor allows
     for k in slo_scales:
         if k == 1.0:
-            out[str(k)] = row["ratio"]
             continue
-        rates = {}
         for engine in ("sync", "async"):
             cfg = row[engine]["config"]
             # a looser SLO needs longer arrivals to stay a steady state (the burst rule): k x the requests
             n = min(len(base), int((row[engine]["num_requests"] or len(base)) * max(1.0, 1.5 * k)))
             if cfg is None:
-                rates[engine] = None
                 continue
             scaled = base_slo.scaled(k).apply(base[:n])
             lo = (row[engine]["max_slo_rate"] or 0.1) * k
-            found = rate_at(scaled, EngineConfig(**cfg), devices, model, hardware, lo)
-            rates[engine] = found["max_slo_rate"] if found["valid"] else None
+            searches[(k, engine)] = ((scaled, EngineConfig(**cfg), devices, model, hardware, lo), {})
+    found = dict(zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())))
+    out = {}
+    for k in slo_scales:
+        if k == 1.0:
+            out[str(k)] = row["ratio"]
+            continue
+        rates = {e: found[(k, e)]["max_slo_rate"] if (k, e) in found and found[(k, e)]["valid"] else None
+                 for e in ("sync", "async")}
         out[str(k)] = rates["async"] / rates["sync"] if rates["sync"] and rates["async"] else None
     return out
 
