@@ -7,7 +7,7 @@ Three executors, one contract (`Executor.map`): `fn` must be a module-level func
 picklable data. A simulation is deterministic and shares no state with another, so the results are the very
 objects a serial loop would return (tests/test_sim_parallel.py checks a whole tune serial vs parallel):
 - serial:  a plain loop in this process;
-- process: a local pool of `jobs` worker processes (default: the machine's cores), started once and reused
+- process: a local pool of `jobs` worker processes (default: the cores this process may use), started once and reused
            (spawned, not forked: a forked child of a process that loaded torch may deadlock; so a script that
            makes one needs Python's `if __name__ == "__main__":` guard, as `asap` and `python -m` have);
 - ray:     tasks on a Ray cluster (`pip install 'asap-prefill[ray]'`): the one at RAY_ADDRESS if set, else a
@@ -120,7 +120,7 @@ def cores() -> int:
 def add_arguments(parser) -> None:
     """--jobs and --executor, for every command that runs a search."""
     parser.add_argument("--jobs", type=int, default=None,
-                        help="simulations run side by side (default: the machine's cores; 1 = one after another); "
+                        help="simulations run side by side (default: the cores this process may use; 1 = one after another); "
                              "results are the same for any value")
     parser.add_argument("--executor", default="process", choices=EXECUTORS,
                         help="where they run: serial, a local process pool (default), or a Ray cluster "
