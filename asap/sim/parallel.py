@@ -120,8 +120,8 @@ def cores() -> int:
 def add_arguments(parser) -> None:
     """--jobs and --executor, for every command that runs a search."""
     parser.add_argument("--jobs", type=int, default=None,
-                        help="simulations run side by side (default: the cores this process may use; 1 = one after another); "
-                             "results are the same for any value")
+                        help="simulations run side by side (default: the cores this process may use; 1 = one "
+                             "after another); results are the same for any value")
     parser.add_argument("--executor", default="process", choices=EXECUTORS,
                         help="where they run: serial, a local process pool (default), or a Ray cluster "
                              "(RAY_ADDRESS, else a local one; needs the 'ray' extra)")
