@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Protocol
 
-import numpy as np
-
 from asap.scheduler.cost import DEFAULT_COST, CostFn
 from asap.scheduler.request import Request
 
@@ -96,7 +94,7 @@ class QueueAwareRouter:
         # Python call per replica: the simulator routes every arrival over hundreds of replicas, and that was
         # most of a sync run's time. A snapshot whose `queued` is the very tuple memoised (immutable: the
         # simulator's ReplicaScheduler.load hands its cached one) reuses its cost without a comparison; any
-        # other is compared by content, as queue_cost does. float64 sums are Python's, so the choice is the same.
+        # other is compared by content, as queue_cost does. Plain float arithmetic: the package stays pure Python.
         memo = self._memo
         index, queued = list(map(_INDEX, loads)), list(map(_QUEUED, loads))
         costs = [hit[1] if (hit := memo.get(i)) is not None and hit[0] is q else None for i, q in zip(index, queued)]
@@ -104,10 +102,9 @@ class QueueAwareRouter:
         while None in costs:
             j = costs.index(None, j + 1)
             costs[j] = self.queue_cost(loads[j])
-        t = np.maximum(now, np.fromiter(map(_BUSY, loads), float, len(loads)))
-        t += np.array(costs, dtype=float)
-        tied = np.flatnonzero(t == t.min())
-        return index[tied[0]] if len(tied) == 1 else min(index[k] for k in tied)
+        t = [(b if b > now else now) + c for b, c in zip(map(_BUSY, loads), costs)]
+        best = min(t)
+        return min(i for i, x in zip(index, t) if x == best)
 
 
 _INDEX, _QUEUED, _BUSY = attrgetter("index"), attrgetter("queued"), attrgetter("busy_until")
