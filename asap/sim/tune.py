@@ -327,7 +327,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         return Tuned(engine, devices, None, None, None, None, table, sims,
                      num_requests=top["n"] if top else None,
                      lower_bound=top["coarse"]["max_slo_rate"] if top else None,
-                     lower_bound_config=top["config"] if top else None,
+                     lower_bound_config=top["config"] if top else None, num_screened=len(screened),
                      reason="no candidate has a valid rate: " + "; ".join(reasons))
     best = max(valid, key=lambda r: r["fine"]["max_slo_rate"])
     # A search that is not valid still passed at its highest rate: a lower bound on that candidate's maximum.
@@ -339,7 +339,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         top = max(unranked, key=lambda r: r["coarse"]["max_slo_rate"])
         return Tuned(engine, devices, None, None, None, None, table, sims, num_requests=top["n"],
                      lower_bound=top["coarse"]["max_slo_rate"], lower_bound_config=top["config"],
-                     reason=f"{top['config'].describe(devices)} still passes at {top['coarse']['max_slo_rate']:.3g} "
+                     num_screened=len(screened), reason=f"{top['config'].describe(devices)} still passes at {top['coarse']['max_slo_rate']:.3g} "
                             f"req/s, at or above the best certified maximum ({best['fine']['max_slo_rate']:.3g} req/s, "
                             f"{best['config'].describe(devices)}), and its search is not valid "
                             f"({top['coarse']['reason']}): more requests are needed to rank them")
