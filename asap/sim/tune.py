@@ -363,9 +363,10 @@ def _simulate(task: tuple) -> dict:
     if "prefix_cache" in res.stats:
         out["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
     if progress is not None:
-        within = out["slo_attainment"]
+        within, worst = out["slo_attainment"], out["min_bucket_attainment"]
         progress(f"{c.describe(devices)}: {rate:.4g} req/s, {len(reqs)} requests -> "
-                 + ("-" if within is None else f"{within:.1%} within SLO"))
+                 + ("-" if within is None else f"{within:.1%} within SLO")
+                 + ("" if worst is None else f", worst length bucket {worst:.1%}"))
     return out
 
 
