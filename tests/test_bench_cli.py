@@ -45,7 +45,7 @@ def test_lengths_specs():
 
 def test_workload_flags():
     args = parse("--trace", str(MOONCAKE), "--rate", "2", "--length-scale", "0.5", "--max-tokens", "100000",
-                 "--slo-per-token-ms", "10", "--num-requests", "4")
+                 "--slo", "10ms/tok", "--num-requests", "4")
     w = build_workload(args, vocab_size=512, max_position=4096)
     reqs = w.build()
     assert len(reqs) == 4 and max(r.num_tokens for r in reqs) <= 4096     # clipped to the model's limit
@@ -83,7 +83,7 @@ def test_simulated_rate_search_is_labelled_and_plotted(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "--target", "sim-async", "--target", "sim-sync", "--model", "tiny-deepseek-v3",
                  "--trace", "none", "--arrivals", "poisson", "--rate", "20", "--lengths", "uniform:16:256",
-                 "--num-requests", "40", "--slo-ttft-s", "0.05", "--find-max-rate", "--max-iters", "6",
+                 "--num-requests", "40", "--slo", "50ms", "--find-max-rate", "--max-iters", "6",
                  "--json", str(out), "--plot", str(tmp_path / "plots")]) == 0
     stdout = capsys.readouterr().out
     assert "SIMULATED" in stdout and "max_slo_rate" in stdout
@@ -105,7 +105,7 @@ def test_async_and_sync_end_to_end_account_for_every_request(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", "tiny-deepseek-v3", "--target", "async", "--target", "sync",
                  "--trace", str(MOONCAKE), "--rate", "5", "--length-scale", "0.01", "--min-tokens", "4",
-                 "--slo-ttft-s", "30", "--json", str(out), "--plot", str(tmp_path / "plots"), "--no-progress",
+                 "--slo", "30s", "--json", str(out), "--plot", str(tmp_path / "plots"), "--no-progress",
                  "--token-budget", "256"]) == 0
     stdout = capsys.readouterr().out
     header = stdout.splitlines()[1].split()
@@ -158,11 +158,19 @@ def test_burstiness_is_gamma_arrivals_of_that_shape():
     assert gaps("--burstiness", "0.25") == pytest.approx(2.0, abs=0.25)        # cv = 1 / sqrt(B)
 
 
-def test_goodput_ttft_is_the_slo_and_must_agree_with_slo_ttft_s():
+def test_goodput_ttft_is_the_slo_and_must_agree_with_slo():
+    from asap.workload.slo import SLO
     w = build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500"), 512, 1 << 20)
-    assert w.slo_ttft_s == 1.5 and all(r.deadline - r.arrival == pytest.approx(1.5) for r in w.build())
+    assert w.slo == SLO(1.5) and all(r.deadline - r.arrival == pytest.approx(1.5) for r in w.build())
+    same = build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500", "--slo", "1500ms"), 512, 1 << 20)
+    assert same.slo == w.slo
     with pytest.raises(ValueError, match="disagree"):
-        build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500", "--slo-ttft-s", "2"), 512, 4096)
+        build_workload(parse("--trace", str(MOONCAKE), "--goodput", "ttft:1500", "--slo", "2s"), 512, 4096)
+
+
+def test_bench_slo_is_the_one_syntax_a_sum_of_its_parts():
+    w = build_workload(parse("--trace", str(MOONCAKE), "--slo", "2s+1ms/tok", "--num-requests", "4"), 512, 1 << 20)
+    assert all(r.deadline - r.arrival == pytest.approx(2.0 + 1e-3 * r.num_tokens) for r in w.build())
 
 
 def test_sharegpt_prompts_are_the_first_turns_tokenized(tmp_path):

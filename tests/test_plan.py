@@ -59,8 +59,10 @@ def test_slo_spec_is_a_multiple_of_the_idle_sync_ttft_or_seconds():
     assert [r.deadline - r.arrival for r in fixed] == [10.0] * 3
     five, ten = (apply_slo(requests(3), spec, "small-deepseek-v3", "h800", 4) for spec in ("5x", "10x"))
     assert ten[0].deadline - ten[0].arrival == pytest.approx(2 * (five[0].deadline - five[0].arrival))
-    for bad in ("5", "x", "-1s", "fast"):
-        with pytest.raises(ValueError, match="--slo"):
+    both = apply_slo(requests(3), "2s+1ms/tok", "small-deepseek-v3", "h800", 4)    # the one syntax: a sum
+    assert [r.deadline - r.arrival for r in both] == pytest.approx([2.0 + 1e-3 * r.num_tokens for r in both])
+    for bad in ("5", "x", "-1s", "fast", "0x"):
+        with pytest.raises(ValueError, match="SLO"):
             apply_slo(requests(3), bad, "small-deepseek-v3", "h800", 4)
 
 

@@ -169,15 +169,16 @@ def test_a_looped_trace_repeats_its_own_arrival_pattern_without_its_block_hashes
 
 
 def test_slo_sets_deadlines():
-    for r in Workload(trace=MOONCAKE, slo_ttft_s=2.0).build():
+    from asap.workload.slo import SLO
+    for r in Workload(trace=MOONCAKE, slo=SLO(2.0)).build():
         assert r.deadline == pytest.approx(r.arrival + 2.0)
-    for r in Workload(trace=MOONCAKE, slo_per_token_s=1e-3).build():
+    for r in Workload(trace=MOONCAKE, slo=SLO(0.0, 1e-3)).build():
         assert r.deadline == pytest.approx(r.arrival + 1e-3 * r.num_tokens)
-    # both: a floor for short prompts, the per-token budget for long ones
-    reqs = Workload(trace=MOONCAKE, slo_ttft_s=5.0, slo_per_token_s=1e-3).build()
-    assert {r.num_tokens > 5000 for r in reqs} == {True, False}
+    # both: the sum, a base every prompt has plus the per-token time a long prefill needs
+    reqs = Workload(trace=MOONCAKE, slo=SLO(5.0, 1e-3)).build()
     for r in reqs:
-        assert r.deadline == pytest.approx(r.arrival + max(5.0, 1e-3 * r.num_tokens))
+        assert r.deadline == pytest.approx(r.arrival + 5.0 + 1e-3 * r.num_tokens)
+    assert all(r.deadline is None for r in Workload(trace=MOONCAKE).build())
 
 
 def test_prompts_are_deterministic_per_seed():
@@ -200,7 +201,7 @@ def test_trace_lengths_with_synthetic_arrivals():
     (dict(arrivals=Poisson(1.0)), "without a trace"),
     (dict(trace=MOONCAKE, rate=-1.0), "rate"),
     (dict(trace=MOONCAKE, rate=1.0, time_scale=2.0), "either rate or time_scale"),
-    (dict(trace=MOONCAKE, slo_ttft_s=0.0), "slo_ttft_s must be > 0"),
+    (dict(trace=MOONCAKE, slo=2.0), "slo must be an asap.workload.slo.SLO"),
     (dict(trace=MOONCAKE, min_tokens=10, max_tokens=5), "max_tokens"),
     (dict(trace=MOONCAKE, num_requests=0), "num_requests"),
     (dict(trace=MOONCAKE, length_scale=0), "length_scale"),
@@ -231,9 +232,14 @@ def test_slo_specs_as_peers_write_them_and_the_same_deadlines_for_every_engine()
     assert slo.budget(4000) == pytest.approx(6.0) and slo.scaled(0.5).budget(4000) == pytest.approx(3.0)
     reqs = slo.apply([Request(0, 1000, arrival=3.0), Request(1, 9000, arrival=4.0)])
     assert [r.deadline for r in reqs] == pytest.approx([6.0, 15.0])
-    for bad in ("5", "2s+3s", "fast", "ttft:x"):
+    for bad in ("5", "2s+3s", "fast", "ttft:x", "0s", "5x"):
         with pytest.raises(ValueError, match="SLO"):
-            parse_slo(bad)
+            parse_slo(bad)                     # 5x: only where the command resolves it (relative=True)
+    from asap.workload.slo import IdleMultiple
+    assert parse_slo("5x", relative=True) == IdleMultiple(5.0) and parse_slo("2s", relative=True) == SLO(2.0)
+    for bad in ("0x", "x", "-1x"):
+        with pytest.raises(ValueError, match="SLO|multiple"):
+            parse_slo(bad, relative=True)
 
 
 def test_named_workloads_and_unknown_names():

@@ -102,7 +102,7 @@ class Settings:
     workload: str = "trace"            # trace | poisson | gamma arrivals, Mooncake conversation lengths
     num_requests: int = 300
     seed: int = 0                      # arrivals (poisson, gamma) and the Zipf expert skew
-    slo: str = "5x"                    # asap.sim.plan.apply_slo
+    slo: str = "5x"                    # an asap.workload.slo spec: 5x or a time budget (asap.sim.plan.apply_slo)
     max_prompt: int | None = 32768     # clip prompt lengths (the trace's tail reaches 126K tokens)
     length_scale: float = 1.0
     zipf: float = 1.0                  # sim: expert popularity skew (0 = uniform); the runtime routes uniformly

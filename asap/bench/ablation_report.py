@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from asap.measure.report import cell, text_table
+from asap.workload.slo import IdleMultiple, parse_slo
 
 
 def format_ablation(res: dict) -> str:
@@ -38,6 +39,8 @@ def format_ablation(res: dict) -> str:
 
 
 def _slo_words(slo: str) -> str:
-    if slo.strip().lower().endswith("x"):
-        return f"TTFT <= {slo[:-1]} x the idle sync TTFT of max(L, token budget) tokens"
-    return f"TTFT <= {slo[:-1]} s"
+    spec = parse_slo(slo, relative=True)
+    if isinstance(spec, IdleMultiple):
+        return f"TTFT <= {spec.factor:g} x the idle sync TTFT of max(L, token budget) tokens"
+    per_token = f" + {spec.per_token_s * 1e3:g} ms x prompt tokens" if spec.per_token_s else ""
+    return f"TTFT <= {spec.fixed_s:g} s{per_token}"

@@ -1,10 +1,10 @@
 r"""`asap bench`: targets side by side on one workload, with `vllm bench serve`'s flags and result keys.
 
     asap bench --target sync --target async --length-scale 0.02 --num-prompts 50 --request-rate 1 \
-        --slo-ttft-s 10 --save-result --result-dir out --plot out/plots                  # ~2 min on 2 cores
+        --slo 10s --save-result --result-dir out --plot out/plots                        # ~2 min on 2 cores
     asap bench --target http --backend vllm --host 127.0.0.1 --port 8000 \
         --dataset-name random --random-input-len 512 --num-prompts 200 --request-rate 4 --goodput ttft:500
-    asap bench --target sim-async --target sim-sync --find-max-rate --slo-ttft-s 10 \
+    asap bench --target sim-async --target sim-sync --find-max-rate --slo 10s \
         --arrivals poisson --rate 0.5 --length-scale 0.02 --max-tokens 1024 --plot out/sim  # ~10 s
 
 Every target runs the same requests. Sync gets as many devices as async
@@ -109,13 +109,11 @@ def runtime_from_args(args) -> RuntimeConfig:
 
 
 def describe_slo(w: Workload) -> str:
-    if w.slo_ttft_s is not None and w.slo_per_token_s is not None:
-        return f"TTFT <= max({w.slo_ttft_s:.3g} s, {w.slo_per_token_s * 1000:.3g} ms x prompt tokens)"
-    if w.slo_ttft_s is not None:
-        return f"TTFT <= {w.slo_ttft_s:.3g} s"
-    if w.slo_per_token_s is not None:
-        return f"TTFT <= {w.slo_per_token_s * 1000:.3g} ms x prompt tokens"
-    return "none"
+    if w.slo is None:
+        return "none"
+    parts = ([f"{w.slo.fixed_s:.3g} s"] if w.slo.fixed_s else []) \
+        + ([f"{w.slo.per_token_s * 1000:.3g} ms x prompt tokens"] if w.slo.per_token_s else [])
+    return "TTFT <= " + " + ".join(parts)
 
 
 def vllm_options(args) -> dict:
@@ -267,9 +265,8 @@ def run(args) -> int:
     url = server_url(args, names)
     if args.find_max_rate and args.rates:
         raise ValueError("use either --find-max-rate or --rates")
-    if args.find_max_rate and args.slo_ttft_s is None and args.slo_per_token_ms is None \
-            and "ttft" not in parse_goodput(args.goodput):
-        raise ValueError("--find-max-rate needs an SLO: --slo-ttft-s, --slo-per-token-ms or --goodput ttft:MS")
+    if args.find_max_rate and args.slo is None and "ttft" not in parse_goodput(args.goodput):
+        raise ValueError("--find-max-rate needs an SLO: --slo (e.g. 10s or 2s+1ms/tok) or --goodput ttft:MS")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if args.max_concurrency is not None and any(n.startswith("sim-") for n in names):
@@ -310,7 +307,8 @@ def run(args) -> int:
         for path in write_result_files(records, args):
             print(f"wrote {path}")
     if args.plot:
-        paths = write_plots(args.plot, runs, curves, workload.slo_ttft_s, args.target_attainment)
+        line = workload.slo.fixed_s if workload.slo and not workload.slo.per_token_s else None   # one budget
+        paths = write_plots(args.plot, runs, curves, line, args.target_attainment)
         print(f"wrote {len(paths)} files to {args.plot}")
     failed = failures(records)
     if failed:

@@ -25,6 +25,7 @@ import numpy as np
 from asap.scheduler.request import Request
 from asap.measure.metrics import parse_goodput
 from asap.workload import Constant, Fixed, Gamma, LogNormal, Poisson, Uniform, Workload
+from asap.workload.slo import SLO, add_slo_flag, parse_slo
 from asap.workload.traces import default_trace_path
 
 DATASETS = ("mooncake", "azure", "random", "sharegpt")
@@ -150,9 +151,7 @@ def add_workload_flags(p) -> None:
                    help="sharegpt: directory with tokenizer.json (default: the --model's own)")
     w.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="vLLM's SLOs for request_goodput: ttft:MS (also the SLO of the attainment), e2el:MS, tpot:MS")
-    w.add_argument("--slo-ttft-s", type=float, help="TTFT SLO: a fixed budget in seconds")
-    w.add_argument("--slo-per-token-ms", type=float,
-                   help="TTFT SLO: milliseconds per prompt token (with a fixed budget: the larger)")
+    add_slo_flag(w, None, what=" (the attainment's and --find-max-rate's; default: --goodput ttft:MS, else none)")
 
 
 def parse_lengths(spec: str):
@@ -170,12 +169,13 @@ def parse_lengths(spec: str):
         raise ValueError(f"--lengths {spec!r}: {e}") from None
 
 
-def slo_ttft_s(args) -> float | None:
-    """--slo-ttft-s, or --goodput ttft:MS (both given: they must agree)."""
+def workload_slo(args) -> SLO | None:
+    """--slo, or --goodput ttft:MS (both given: they must agree)."""
     ttft = parse_goodput(args.goodput).get("ttft")
-    if ttft is not None and args.slo_ttft_s is not None and abs(ttft - args.slo_ttft_s) > 1e-9:
-        raise ValueError(f"--goodput ttft:{ttft * 1000:g} and --slo-ttft-s {args.slo_ttft_s:g} disagree; give one")
-    return args.slo_ttft_s if args.slo_ttft_s is not None else ttft
+    slo = None if args.slo is None else parse_slo(args.slo)
+    if ttft is not None and slo is not None and (abs(slo.fixed_s - ttft) > 1e-9 or slo.per_token_s):
+        raise ValueError(f"--goodput ttft:{ttft * 1000:g} and --slo {args.slo} disagree; give one")
+    return slo if slo is not None else None if ttft is None else SLO(ttft)
 
 
 def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool = True,
@@ -215,11 +215,10 @@ def build_workload(args, vocab_size: int, max_position: int, with_prompts: bool 
     if trace is None and arrivals is None:
         raise ValueError("--dataset-path none needs --arrivals and --request-rate")
     max_tokens = min(args.max_tokens or max_position, max_position)
-    per_token = None if args.slo_per_token_ms is None else args.slo_per_token_ms / 1000
     common = dict(trace=trace, arrivals=arrivals, lengths=lengths, num_requests=args.num_requests, rate=rate,
                   time_scale=args.time_scale, length_scale=args.length_scale,
-                  min_tokens=min(args.min_tokens, max_tokens), max_tokens=max_tokens, slo_ttft_s=slo_ttft_s(args),
-                  slo_per_token_s=per_token, seed=args.seed, with_prompts=with_prompts, vocab_size=vocab_size)
+                  min_tokens=min(args.min_tokens, max_tokens), max_tokens=max_tokens, slo=workload_slo(args),
+                  seed=args.seed, with_prompts=with_prompts, vocab_size=vocab_size)
     if prompts:
         return PromptWorkload(**common, prompts=prompts)
     return Workload(**common)

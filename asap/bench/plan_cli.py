@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from asap.workload.slo import IdleMultiple, add_slo_flag, parse_slo
+
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
 
     asap plan --devices 32                                        # ~2 min on two cores shared with other jobs
@@ -55,7 +57,7 @@ def register(sub):
                    help="instead: search each engine's whole configuration space with the same budget "
                         "(asap.sim.tune) on WORKLOAD (conversation, synthetic, fixed-4k, lognormal or a trace "
                         "path) and print the best sync and the best async configuration; --slo then takes a "
-                        "peer-style budget such as 5s, ttft:5000 or 2s+1ms/tok")
+                        "time budget such as 5s or 2s+1ms/tok")
     p.add_argument("--json", help="write the plan here")
     p.set_defaults(func=run_plan)
 
@@ -79,7 +81,7 @@ def register(sub):
     flag("workload", str, f"arrivals: {', '.join(WORKLOADS)} (lengths from the Mooncake trace)")
     flag("num_requests", int, "the trace's first N requests")
     flag("seed", int, "arrivals and expert skew")
-    flag("slo", str, "TTFT SLO: 5x (x idle sync TTFT) or 10s")
+    add_slo_flag(g, None, relative=True, what=f" (default {SIM.slo} / {EMULATED.slo})")
     flag("max_prompt", int, "clip prompt lengths (0 = no clip)")
     flag("length_scale", float, "multiply prompt lengths")
     flag("zipf", float, "sim: expert popularity skew")
@@ -101,14 +103,14 @@ def _workload_flags(p, workloads, num_requests: int, max_prompt):
                    help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
     p.add_argument("--num-requests", type=int, default=num_requests, help="the trace's first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the expert skew")
-    p.add_argument("--slo", default="5x", help="TTFT SLO: 5x (x the idle sync TTFT of max(L, budget)) or 10s")
+    add_slo_flag(p, "5x", relative=True, what=" (--tune: a time budget, not 5x)")
     p.add_argument("--max-prompt", type=int, default=max_prompt, help="clip prompt lengths")
     p.add_argument("--trace", default=str(TRACE), help="Mooncake .jsonl trace")
 
 
 def run_tune(args) -> int:
     from asap.sim.plan import best_configs
-    if args.slo.strip().lower().endswith("x"):
+    if isinstance(parse_slo(args.slo, relative=True), IdleMultiple):
         raise ValueError("--tune judges both engines on a peer-style SLO: give --slo such as 5s or 2s+1ms/tok")
     out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests, verbose=True)
     for engine in ("sync", "async"):

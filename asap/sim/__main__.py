@@ -15,6 +15,7 @@ from asap.sim.experiments import TRACE, at_rate, trace_requests
 from asap.sim.headline import DEFAULT_SLO, WORKLOADS, run_headline
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
+from asap.workload.slo import add_slo_flag
 
 
 def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
@@ -70,7 +71,7 @@ def add_commands(sub, extra=()) -> None:
                    help="requests available per workload (each search uses as few as the burst rule allows)")
     h.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
     h.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
-    h.add_argument("--slo", default=DEFAULT_SLO, help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
+    add_slo_flag(h, DEFAULT_SLO)
     h.add_argument("--slo-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0],
                    help="at the first device count, also rerun the best configurations with the SLO scaled by "
                         "these factors")

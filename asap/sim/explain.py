@@ -36,6 +36,7 @@ from asap.sim.hardware import get_hardware
 from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances
 from asap.sim.simulator import Simulator
 from asap.sim.tune import EngineConfig
+from asap.workload.slo import add_slo_flag, parse_slo
 
 LABEL = "SIMULATED"
 WINDOW_S = 30.0
@@ -266,7 +267,7 @@ def add_parser(sub) -> None:
     e.add_argument("--rate", type=float, required=True, help="requests/s")
     e.add_argument("--workload", default="conversation", help="a name of asap.workload.presets or a trace path")
     e.add_argument("--num-requests", type=int, default=750, help="requests of the workload")
-    e.add_argument("--slo", default="2s+1ms/tok", help="TTFT budget per request: 5s, ttft:5000 or 2s+1ms/tok")
+    add_slo_flag(e, "2s+1ms/tok")
     e.add_argument("--attention-tp", type=int, default=1, help="tensor-parallel degree of attention")
     e.add_argument("--chunk", type=int, default=16384, help="tokens per step of a DP group / replica")
     e.add_argument("--instances", type=int, default=1, help="independent instances the devices are split into")
@@ -285,7 +286,6 @@ def _run(a) -> int:
     from pathlib import Path
 
     from asap.workload.presets import workload_requests
-    from asap.workload.slo import parse_slo
     reqs = parse_slo(a.slo).apply(workload_requests(a.workload, a.num_requests))
     x = explain(reqs, config_from_args(a), a.devices, a.rate, a.model, a.hardware)
     print(format_explain(x))

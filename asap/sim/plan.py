@@ -25,6 +25,7 @@ from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
+from asap.workload.slo import SLO, IdleMultiple, parse_slo
 
 WORKLOADS = ("trace", "poisson", "gamma")
 
@@ -41,20 +42,18 @@ def workload_requests(kind: str = "trace", num_requests: int = 300, seed: int = 
                     with_prompts=False).build()
 
 
-def apply_slo(requests: list[Request], slo: str, model, hardware, devices: int,
+def apply_slo(requests: list[Request], slo: "str | SLO | IdleMultiple", model, hardware, devices: int,
               token_budget: int = 16384) -> list[Request]:
-    """Deadlines from an SLO spec: "5x" = 5 x the idle sync TTFT of max(L, token_budget) tokens on
-    `devices` devices (asap.sim.experiments.with_slo), "10s" = a fixed 10 s TTFT budget."""
-    spec = slo.strip().lower()
+    """Deadlines from an asap.workload.slo spec: a time budget ("10s", "2s+1ms/tok") as every command takes,
+    or "5x" = 5 x the idle sync TTFT of max(L, token_budget) tokens on `devices` devices
+    (asap.sim.experiments.with_slo)."""
     try:
-        value = float(spec[:-1])
-    except ValueError:
-        value = None
-    if value is None or value <= 0 or spec[-1] not in "xs":
-        raise ValueError(f"--slo {slo!r}: expected e.g. 5x (x the idle sync TTFT) or 10s (a fixed TTFT budget)")
-    if spec.endswith("x"):
-        return with_slo(requests, value, token_budget, model=model, hardware=hardware, devices=devices)
-    return [dataclasses.replace(r, deadline=r.arrival + value, meta=dict(r.meta)) for r in requests]
+        spec = parse_slo(slo, relative=True)
+    except ValueError as e:
+        raise ValueError(f"--slo: {e}") from None
+    if isinstance(spec, IdleMultiple):
+        return with_slo(requests, spec.factor, token_budget, model=model, hardware=hardware, devices=devices)
+    return spec.apply(requests)
 
 
 def rate_measure(sim, requests, engine, model, hardware, devices, attention_workers=None, **sim_kw):
@@ -207,7 +206,6 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     (Tuned.reason says why)."""
     from asap.sim.tune import tune
     from asap.workload.presets import workload_requests
-    from asap.workload.slo import parse_slo
     requests = parse_slo(slo).apply(workload_requests(workload, num_requests))
     results = {engine: tune(requests, engine, devices, model, hardware, verbose=verbose)
                for engine in ("sync", "async")}

@@ -17,10 +17,8 @@ Transformations, in order:
    (instead of redrawing) keeps a rate sweep on the same requests.
 3. Lengths: multiplied by `length_scale`, rounded, clipped to
    [`min_tokens`, `max_tokens`].
-4. SLO: `slo_ttft_s` (fixed budget), `slo_per_token_s` (budget = per-token
-   seconds x prompt tokens) or both (budget = the larger of the two: a floor
-   for short prompts, which a pure per-token budget would leave no time to
-   queue) sets Request.deadline = arrival + budget.
+4. SLO: `slo` (asap.workload.slo.SLO: fixed + per-token seconds x prompt tokens, the one SLO of
+   every command) sets Request.deadline = arrival + slo.budget(prompt tokens).
 5. Prompts: `with_prompts=True` fills token ids in [0, vocab_size) drawn from
    (seed, request id), so the same seed gives the same prompts, independent of
    `num_requests`; `with_prompts=False` leaves prompt None (simulator).
@@ -40,6 +38,7 @@ from asap.scheduler.prefix_cache import BLOCK_TOKENS
 from asap.scheduler.request import Request
 from asap.workload.arrivals import ArrivalProcess
 from asap.workload.lengths import LengthDistribution
+from asap.workload.slo import SLO
 from asap.workload.traces import read_trace
 
 _ARRIVAL_STREAM, _LENGTH_STREAM, _PROMPT_STREAM = 0, 1, 2
@@ -56,8 +55,7 @@ class Workload:
     length_scale: float = 1.0
     min_tokens: int = 1
     max_tokens: int | None = None
-    slo_ttft_s: float | None = None              # TTFT budget in seconds ...
-    slo_per_token_s: float | None = None         # ... or per prompt token (both: the larger)
+    slo: SLO | None = None                       # TTFT budget per request (None: no deadlines)
     seed: int = 0
     with_prompts: bool = True
     vocab_size: int = 32000
@@ -80,10 +78,8 @@ class Workload:
             raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
         if self.max_tokens is not None and self.max_tokens < self.min_tokens:
             raise ValueError(f"max_tokens={self.max_tokens} is below min_tokens={self.min_tokens}")
-        for name in ("slo_ttft_s", "slo_per_token_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.slo is not None and not isinstance(self.slo, SLO):
+            raise ValueError(f"slo must be an asap.workload.slo.SLO (parse_slo('2s+1ms/tok')), got {self.slo!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.vocab_size < 1:
@@ -133,12 +129,7 @@ class Workload:
         return (times - times[0]) * ((len(times) - 1) / span / self.rate)
 
     def _deadline(self, arrival: float, num_tokens: int) -> float | None:
-        budgets = []
-        if self.slo_ttft_s is not None:
-            budgets.append(self.slo_ttft_s)
-        if self.slo_per_token_s is not None:
-            budgets.append(self.slo_per_token_s * num_tokens)
-        return arrival + max(budgets) if budgets else None
+        return None if self.slo is None else arrival + self.slo.budget(num_tokens)
 
     def _prompt(self, request_id: int, num_tokens: int) -> list[int] | None:
         if not self.with_prompts:
