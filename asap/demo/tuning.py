@@ -10,7 +10,7 @@ and `asap demo` reads the result (`asap demo --retune` reruns it first). Keys na
 depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry
 the demo falls back to the analytic split, and says so). Each entry also records a fingerprint of the
-code the result depends on (asap/cost, asap/sim, asap/scheduler, asap/measure); when that code has changed since,
+code the result depends on (asap/cost, asap/pipeline, asap/sim, asap/scheduler, asap/measure); when that code has changed since,
 the demo says the tuning is stale, and the live simulations it prints show by how much. Where an
 engine's best candidate still passes at the highest rate the sample can certify (asap.sim.tune's no-best
 case), its entry holds that candidate and the rate as a lower bound, and the demo says so.
@@ -41,14 +41,14 @@ def tune_requests(devices: int) -> int:
 
 # asap/sim files off the simulation path: commands and other studies
 NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.py", "profile.py", "calibrate.py", "from_runtime.py",
-                  "trace_export.py"}
+                  "trace_export.py", "explain.py", "parallel.py", "kernels.py"}
 
 
 def fingerprint() -> str:
     """A hash of the sources the tuner's answer depends on: cost model, simulator, policies, rate search."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for sub in ("cost", "sim", "scheduler", "measure"):
+    for sub in ("cost", "pipeline", "sim", "scheduler", "measure"):
         for f in sorted((root / sub).rglob("*.py")):
             if sub == "sim" and f.name in NOT_SIMULATION:
                 continue
