@@ -4,7 +4,7 @@ Every device is a worker process (an attention TP group is one process that stan
 requests, dispatch/combine and the sync barrier are real messages over shared memory. Only the compute
 and the link are replaced: each op waits for the time the cost model gives for a CloudMatrix384-like die
 (`compute="emulated"`, `hardware="cloudmatrix384"`), and each message is delivered when the profile's link
-would deliver it (asap/workers/link.py), both stretched by `dilation` so that this CPU's own overheads stay
+would deliver it (asap/workers/emulation/link.py), both stretched by `dilation` so that this CPU's own overheads stay
 small against them (figures are reported in emulated-hardware time).
 
 Both engines run in their best-tuned configuration for this workload and cluster, from the tuner

@@ -19,7 +19,7 @@ class CostTable:
         self.routing = routing
         self._calls: dict[int, int] = {}
         self._rngs: dict[int, object] = {}
-        # An async expert worker's own combine traffic per row (emulated link; asap.workers.link): its GEMMs
+        # An async expert worker's own combine traffic per row (emulated link; asap.workers.emulation.link): its GEMMs
         # and its NIC run side by side, the slower counting, as CostModel.expert_seconds charges them.
         self.nic_per_copy = nic_per_copy
 
