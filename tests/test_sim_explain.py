@@ -1,5 +1,7 @@
 """`asap sim explain`: every die's window is accounted for exactly once (busy + stall + idle = the window),
 for both engines, and the breakdown agrees with the run it explains."""
+import re
+
 import pytest
 
 from asap.scheduler.request import Request
@@ -56,3 +58,12 @@ def test_the_explain_command_prints_a_simulated_breakdown(capsys, tmp_path):
                  "--attention-workers", "4", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "[SIMULATED]" in printed and "expert pool" in printed and out.stat().st_size > 0
+
+
+def test_without_attention_workers_async_is_explained_at_its_balanced_split(capsys):
+    from asap.sim.__main__ import main
+    assert main(["explain", "--engine", "async", "--devices", "8", "--rate", "50", "--workload", "fixed-2k",
+                 "--num-requests", "100", "--model", "small-deepseek-v3", "--hardware", "h800"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    a, e = (int(x) for x in re.search(r"\[A=(\d+) x TP1 \+ E=(\d+)\]", head).groups())
+    assert a >= 1 and e >= 1 and a + e == 8

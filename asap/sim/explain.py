@@ -23,6 +23,8 @@ router's share of the requests). An async step ends when its last micro-batch's 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from asap.measure.buckets import by_length
@@ -138,6 +140,8 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
                  trace_window=(lo, hi), **kw)
     # trace every rank / replica (the engines trace the first 8 by default, for Chrome traces)
     eng.trace_ranks = eng.trace_replicas = len(eng.schedulers)
+    if config.engine == "async" and config.attention_workers is None:     # the balanced split the engine chose
+        config = dataclasses.replace(config, attention_workers=len(eng.schedulers))
     sim = Simulator(eng)
     for r in sorted(reqs, key=lambda r: r.arrival):
         sim.schedule(Arrival(r.arrival, r))
