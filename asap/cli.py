@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands(p: argparse.ArgumentParser, name: str = "asap"):
+    """(name, parser) of a parser and every sub-command under it, depth first: 'asap', 'asap sim', ..."""
+    yield name, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub_name, sub in a.choices.items():
+                yield from commands(sub, f"{name} {sub_name}")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:

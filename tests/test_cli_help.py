@@ -5,18 +5,10 @@ from importlib.metadata import version
 
 import pytest
 
-from asap.cli import build_parser, main
+from asap.cli import build_parser, commands, main
 
 
-def parsers(p: argparse.ArgumentParser, name: str = "asap"):
-    yield name, p
-    for a in p._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for sub_name, sub in a.choices.items():
-                yield from parsers(sub, f"{name} {sub_name}")
-
-
-ALL = list(parsers(build_parser()))
+ALL = list(commands(build_parser()))
 
 
 def test_every_command_is_listed_with_a_description():

@@ -1,22 +1,13 @@
 """Promise: one SLO syntax (asap.workload.slo) on every command's --slo, and the removed spellings
 (--slo-ttft-s, --slo-per-token-ms) refused with the --slo that replaces them."""
-import argparse
 
 import pytest
 
-from asap.cli import build_parser
+from asap.cli import build_parser, commands
 from asap.workload.slo import SLO, parse_slo
 
 
-def parsers(p: argparse.ArgumentParser, name: str = "asap"):
-    yield name, p
-    for a in p._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for sub_name, sub in a.choices.items():
-                yield from parsers(sub, f"{name} {sub_name}")
-
-
-ALL = dict(parsers(build_parser()))
+ALL = dict(commands(build_parser()))
 # the arguments each command requires besides --slo
 REQUIRED = {"asap bench": [], "asap plan": ["--devices", "4"], "asap ablation": [],
             "asap sim headline": [], "asap sim explain": ["--engine", "sync", "--rate", "1"]}
