@@ -189,19 +189,14 @@ def phase_layer(device: str, tokens: list[int]) -> dict:
         row["sdpa_ms"] = round(_time(lambda: _sdpa(q, k, v, 0, 0.1), dev) * 1e3, 3)
         if gpu:
             from torch.nn.attention import SDPBackend, sdpa_kernel
-            try:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    row["sdpa_forced_flash_ms"] = round(_time(lambda: F.scaled_dot_product_attention(
-                        q[None], k[None], v[None], is_causal=True), dev) * 1e3, 3)
-            except RuntimeError as e:
-                row["sdpa_forced_flash_ms"] = f"refused: {str(e).splitlines()[0][:160]}"
             vp = F.pad(v, (0, dn + R - dv))                 # MLA's V padded to 192: what the CPU path does
-            try:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    row["sdpa_padded_v_forced_flash_ms"] = round(_time(lambda: F.scaled_dot_product_attention(
-                        q[None], k[None], vp[None], is_causal=True), dev) * 1e3, 3)
-            except RuntimeError as e:
-                row["sdpa_padded_v_forced_flash_ms"] = f"refused: {str(e).splitlines()[0][:160]}"
+            for key, vv in (("sdpa_forced_flash_ms", v), ("sdpa_padded_v_forced_flash_ms", vp)):
+                try:
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        row[key] = round(_time(lambda: F.scaled_dot_product_attention(
+                            q[None], k[None], vv[None], is_causal=True), dev) * 1e3, 3)
+                except RuntimeError as e:
+                    row[key] = f"refused: {str(e).splitlines()[0][:160]}"
             row["host_syncs_one_layer"] = _count_syncs(lambda: moe.combine(s.h, [moe.expert_stage(
                 shard, 0, attention_stage(side, 0, h, batch, kv).x, ids, s.topk_weights)]))
             row["host_syncs_expert_stage"] = _count_syncs(lambda: moe.expert_stage(shard, 0, s.x, ids,
