@@ -131,8 +131,8 @@ def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: 
     entry = None if retune else table.get(k)
     source = "tuned offline (asap/demo/tuned.json)"
     if entry is not None and entry.get("fingerprint") != fingerprint():
-        source = ("tuned offline on older code: STALE (asap/cost, asap/sim, asap/scheduler or asap/measure changed since; "
-                  "rerun `python -m asap.demo.tuning`)")
+        source = ("tuned offline on older code: STALE (asap/cost, asap/pipeline, asap/sim, asap/scheduler or "
+                  "asap/measure changed since; rerun `python -m asap.demo.tuning`)")
     if retune:
         entry, source = tune_now(s, devices, emulatable_only), "tuned just now"
     elif entry is None:
