@@ -51,6 +51,9 @@ class RuntimeConfig:
     master_addr: str = _f("127.0.0.1", "torch.distributed: address of the engine's host (rank 0)")
     remote_experts: bool = _f(False, "async: expert workers are started elsewhere (`asap expert-worker` under "
                                      "torchrun on another node), not by this engine")
+    colocated: bool = _f(False, "async: every device hosts an attention replica and an expert shard (1/N of the "
+                                "experts), expert work first; needs expert_workers = attention_workers x "
+                                "attention_tp (the N devices)")
 
     def __post_init__(self):
         for name in ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
@@ -68,6 +71,8 @@ class RuntimeConfig:
         if self.attention_tp > 1 and self.compute != "emulated":
             raise ValueError(f"attention_tp={self.attention_tp} needs compute='emulated': real-compute tensor "
                              "parallelism is not built")
+        if self.colocated:
+            self._check_colocated()
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "stop_grace_s"):
@@ -75,6 +80,17 @@ class RuntimeConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s must be at least 2 x heartbeat_interval_s")
+
+    def _check_colocated(self):
+        devices = self.attention_workers * self.attention_tp
+        if self.expert_workers != devices:
+            raise ValueError(f"colocated: every device hosts one expert shard, so expert_workers must equal "
+                             f"attention_workers x attention_tp = {devices} (the devices), got {self.expert_workers}")
+        if self.transport == "nccl":
+            raise ValueError("colocated: transport nccl cannot send between the two processes on one GPU; "
+                             "use transport shm (or gloo)")
+        if self.remote_experts:
+            raise ValueError("colocated: the expert shards run on the replicas' own devices, not remote_experts")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:

@@ -1,6 +1,7 @@
 """The async and sync engines: the same engine process around different worker loops.
 
-mode="async": A attention replicas + E expert workers (N = A + E devices).
+mode="async": A attention replicas + E expert workers (N = A + E devices); with colocated, N = E = A x
+              attention_tp devices, each running a replica's attention and an expert shard (asap.workers.layout).
 mode="sync":  N ranks, each an attention replica plus 1/N of the experts.
 The engine routes each request to a replica with the shared router policy,
 collects results, and watches the workers: when one dies or misses its heartbeats

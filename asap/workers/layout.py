@@ -1,6 +1,10 @@
 """Who runs where: transport ranks, expert placement and the worker specs of an engine.
 
 async: ranks [0, A) are attention replicas, [A, A+E) expert workers.
+async colocated: the same ranks, E = A x attention_tp devices; expert worker e runs on device e, which belongs
+       to replica e // attention_tp. The attention replica and the expert shard of a device stay two processes
+       (two ranks: the exchange between them is the same point-to-point one); one process per device, with
+       expert kernels on a high-priority stream, is future work.
 sync:  ranks [0, N) are replicas that also hold 1/N of the experts each.
 """
 from __future__ import annotations
@@ -59,11 +63,19 @@ def default_placement(cfg: ModelConfig, rt: RuntimeConfig, num_expert_workers: i
     return contiguous_placement(cfg.num_layers, cfg.num_experts, num_expert_workers)
 
 
+def _device_records(num_devices: int, num_replicas: int) -> list:
+    from asap.workers.emulation.shared_device import DeviceBusy      # emulation only: off the real path
+    return [DeviceBusy(num_replicas) for _ in range(num_devices)]
+
+
 def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str, dtype: str, device: str,
                  send_kv: bool, placement: Placement | None = None, num_gpus: int | None = None) -> Layout:
     """device "cuda": each worker gets the GPU of its local rank (its transport rank on this machine),
     cuda:<rank % GPUs>; remote expert workers resolve theirs from LOCAL_RANK where they run.
     num_gpus overrides torch.cuda.device_count() (tests)."""
+    if rt.colocated and mode != "async":
+        raise ValueError(f"colocated is an async layout (mode 'async'), not {mode!r}: the sync engine's ranks "
+                         "already hold a replica and an expert shard each")
     if mode == "async":
         A, E = rt.attention_workers, rt.expert_workers
         if E > cfg.num_experts:
@@ -98,9 +110,17 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
         return worker_device(device, rank, num_gpus) if rank < local else device
 
     if mode == "async":
-        specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, device=dev(a), **common)
+        tp = rt.attention_tp
+        # colocated: expert worker e runs on device e, replica e // tp's (real compute: tp = 1, the same cuda:i).
+        expert_dev = (lambda e: dev(e // tp)) if rt.colocated else (lambda e: dev(A + e))
+        # colocated + emulated: the device's expert busy time, which stretches its replica's attention
+        # (asap.workers.emulation.shared_device); real compute shares the real device.
+        busy = _device_records(E, A) if rt.colocated and emulated else None
+        specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, device=dev(a),
+                            shared_devices=tuple(busy[a * tp:(a + 1) * tp]) if busy else (), **common)
                  for a in range(A)]
-        specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], device=dev(A + e), **common)
+        specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], device=expert_dev(e),
+                             shared_devices=(busy[e],) if busy else (), **common)
                   for e in range(E)]
         if rt.remote_experts:      # the experts run elsewhere (asap/workers/remote.py); they join the same group
             return Layout([s for s in specs if s.role == "attention"], transport, A, specs[A:])

@@ -37,6 +37,10 @@ class WorkerSpec:
     dtype: str = "float32"
     device: str = "cpu"
     send_kv: bool = True
+    # colocated + emulated: the expert busy records (asap.workers.emulation.shared_device.DeviceBusy) of the
+    # devices this worker shares: an expert worker's own device (it writes), a replica's attention_tp devices (it
+    # reads). Shared memory, so it travels only in the spec a worker is started with.
+    shared_devices: tuple = ()
 
 
 class WorkerContext:

@@ -31,12 +31,20 @@ class DeviceClock:
         """The next op's inputs were in at t (None: when it is issued). Once: the op after it chains."""
         self._ready = t
 
-    def run(self, seconds: float) -> float:
-        """Queue an op of `seconds` (wall time): when it ends."""
+    def start(self) -> float:
+        """When the next op starts: max(device free, its inputs in). Uses up the word on its inputs."""
         start = max(self.free, time.monotonic() if self._ready is None else self._ready)
         self._ready = None
-        self.free = start + seconds
+        return start
+
+    def run(self, seconds: float) -> float:
+        """Queue an op of `seconds` (wall time): when it ends."""
+        self.free = self.start() + seconds
         return self.free
+
+    def wait(self, end: float) -> None:
+        """Block the host until the op queued last ends (at `end`): nothing downstream sees its result early."""
+        wait_until(end)
 
     def out(self) -> float:
         """When what the last op made leaves the device: its end, or when the inputs of an op that did not

@@ -11,7 +11,7 @@ from asap.config import ModelConfig
 from asap.model import stages
 from asap.model.batch import Batch
 from asap.model.moe import combine
-from asap.workers.emulation.clock import DeviceClock, wait_until
+from asap.workers.emulation.clock import DeviceClock
 
 
 class EmulatedCompute:
@@ -19,16 +19,17 @@ class EmulatedCompute:
     emulated = True
 
     def __init__(self, cfg: ModelConfig, cost, hidden: int = 16, dilation: float = 1.0, seed: int = 0,
-                 dtype=torch.float32, device="cpu"):
+                 dtype=torch.float32, device="cpu", clock: DeviceClock | None = None):
+        """clock: the device's stream; a co-located worker's shares its device (asap.workers.emulation.shared_device)."""
         self.cfg, self.cost, self.hidden, self.dilation = cfg, cost, hidden, dilation
         self.dtype, self.device = dtype, torch.device(device)
-        self.clock = DeviceClock()          # ops chain on it as on a GPU stream (asap.workers.emulation.clock)
+        self.clock = clock or DeviceClock()   # ops chain on it as on a GPU stream (asap.workers.emulation.clock)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.seed = seed
         self.strides = torch.arange(cfg.top_k, device=self.device)[None, :] * max(1, cfg.num_experts // cfg.top_k)
 
     def _wait(self, seconds: float):
-        wait_until(self.clock.run(seconds * self.dilation))
+        self.clock.wait(self.clock.run(seconds * self.dilation))
 
     def inputs_ready(self, t: float | None) -> None:
         """The next op's inputs were in at t (asap.workers.emulation.clock): it starts then or when the device is free."""

@@ -25,7 +25,14 @@ class EmulatedPointToPoint(PointToPoint):
         self.link = link
 
     def _stamp(self, copies: int) -> dict:
-        return dict(ready_ns=self.link.dispatch_due(copies), sent_at=self.link.ready_at())
+        self._due_ns = self.link.dispatch_due(copies)
+        return dict(ready_ns=self._due_ns, sent_at=self.link.ready_at())
+
+    def dispatch(self, mb: int, layer: int, out, deadline: float, now: float) -> None:
+        super().dispatch(mb, layer, out, deadline, now)
+        dispatched = getattr(self.link.clock, "dispatched", None)    # co-located: its devices' experts will take it
+        if dispatched is not None:
+            dispatched(self._pending[(mb, layer)][0].rows.keys(), self._due_ns / 1e9)
 
     def _received(self, mb: int, layer: int, pc, fallback: float, copies: int = 0) -> None:
         done = self.mailbox.last_sent.get(pc.key, fallback)

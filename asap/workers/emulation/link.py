@@ -59,11 +59,13 @@ class EmulatedLink:
 
 
 def emulated_link(cost, engine: str, num_expert_ranks: int, total_devices: int, dilation: float,
-                  clock=None) -> EmulatedLink:
+                  clock=None, local: bool | None = None) -> EmulatedLink:
     """The link of one emulated worker, from the cost model (asap.cost.model.CostModel) its compute uses.
     sync: num_expert_ranks = total_devices = the ranks (each is a shard, copies to itself are free);
-    async: the expert workers, and all workers. clock: its compute's DeviceClock."""
-    local = engine == "sync"
+    async: the expert workers, and all workers; co-located async: the devices, both times, and local (a
+    replica's copies to its own device's shard are free). clock: its compute's DeviceClock.
+    local: whether the sender is one of the expert ranks (default: sync)."""
+    local = engine == "sync" if local is None else local
     hw = cost.hw
     return EmulatedLink(hw.link.latency_s,
                         cost.seconds_per_copy(num_expert_ranks, local, total_devices, hw.dispatch_bytes),

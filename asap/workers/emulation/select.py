@@ -32,5 +32,8 @@ class DeviceTimeSelector:
             chosen = [cand[j] for j in self.selector.select([ready[i] for i in cand], now)]
             until = self.wait_until
             if chosen or until is None or not now < until <= time.monotonic():
+                taking = getattr(self.clock, "taking", None)     # co-located: whose dispatches its next op serves
+                if chosen and taking is not None:
+                    taking([work[i].header.replica for i in chosen])
                 return chosen
             now = until

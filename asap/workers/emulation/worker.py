@@ -35,6 +35,17 @@ class Emulation:
         return int(self.compute.done_at() * 1e9)
 
 
+def _shared_clock(spec):
+    """colocated: the device clock of a worker that shares its device (asap.workers.emulation.shared_device)."""
+    if not spec.shared_devices:
+        return None
+    from asap.workers.emulation.shared_device import ExpertDeviceClock, SharedDeviceClock
+    if spec.role == "expert":
+        return ExpertDeviceClock(spec.shared_devices[0])
+    first = spec.first_expert_rank + spec.index * spec.runtime.attention_tp     # its devices' expert workers
+    return SharedDeviceClock(spec.shared_devices, spec.index, range(first, first + len(spec.shared_devices)))
+
+
 def emulated_worker(spec) -> tuple[EmulatedCompute, Emulation]:
     """Compute that waits out the cost model, and the link it charges (asap.workers.main's WorkerSpec)."""
     from asap.workers.costs import runtime_cost_table
@@ -42,13 +53,14 @@ def emulated_worker(spec) -> tuple[EmulatedCompute, Emulation]:
     sync = spec.role == "rank"
     table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async")
     compute = EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
-                              device=spec.device)
+                              device=spec.device, clock=_shared_clock(spec))
     if sync:
         ranks = rt.devices // rt.attention_tp
         link = emulated_link(table.cost, "sync", ranks, ranks, rt.dilation, compute.clock)
-    else:
-        link = emulated_link(table.cost, "async", rt.expert_workers, rt.attention_workers + rt.expert_workers,
-                             rt.dilation, compute.clock)
+    else:       # co-located: the N devices are the expert ranks, and copies to the sender's own shard are free
+        E = rt.expert_workers
+        devices = E if rt.colocated else rt.attention_workers + E
+        link = emulated_link(table.cost, "async", E, devices, rt.dilation, compute.clock, local=rt.colocated)
         if spec.role == "expert":
             table.nic_per_copy = link.combine_per_copy_s
     return compute, Emulation(compute, link)
