@@ -22,8 +22,20 @@ another: every batch is spread over all E workers (top-k of many experts
 touches nearly every worker), so a batch's time is its busiest worker's
 (asap.sim.cost.CostModel.expert_ops). A batch of micro-batches from different
 replicas is the async engine's way to amortise expert weight loads.
+
+Co-located (colocated=True): every device hosts a replica's attention (1/attention_tp of one) and an expert
+shard (1/N of the experts), so the pool is all N devices and shares them with attention. Expert work has
+priority on a device (a high-priority stream: its kernels are scheduled ahead of attention's at block
+granularity), so an attention op stretches by the pool time that overlaps it: it ends at the first t with
+t - start - (pool busy time in [start, t]) = its work. Every device pauses for a whole pool batch, the
+busiest device's time: conservative, since a device with a lighter share could resume sooner. Copies to
+the device's own shard are free (the link model's `local`), as in sync EP; each direction of a replica's
+link also carries its shard's share of the other replicas' traffic (conservative: the pool's batch time
+counts its combines too).
 """
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from asap.pipeline.depth import StepDepth
 from asap.pipeline.plan import plan_step
@@ -38,32 +50,36 @@ from asap.sim.experts import ExpertShares
 
 
 class MicroBatch:
-    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "deadline")
+    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "deadline", "a_start")
 
     def __init__(self, replica, index, chunks, num_tokens, t_moe, t_dense, deadline):
         self.replica, self.index, self.chunks, self.num_tokens = replica, index, chunks, num_tokens
         self.t_moe, self.t_dense, self.deadline = t_moe, t_dense, deadline
         self.layer = 0          # the layer its attention runs (or last ran)
+        self.a_start = 0.0      # when that attention started
 
 
 class Replica:
     """One attention replica, and the driver of its steps (asap.pipeline.step.StepDriver): an attention
     is an AttentionDone event, a combine a CombineArrive; both resume `AsyncEngine.drive`."""
-    __slots__ = ("index", "plan", "mbs", "pipe", "busy", "kicked", "depth", "exchange", "engine", "now", "out")
+    __slots__ = ("index", "plan", "mbs", "pipe", "busy", "kicked", "depth", "exchange", "engine", "now", "out",
+                 "attending")
 
     def __init__(self, index: int, depth: StepDepth, exchange: SimExchange, engine: "AsyncEngine"):
         self.index, self.depth, self.exchange, self.engine = index, depth, exchange, engine
         self.plan, self.mbs, self.pipe, self.busy, self.kicked = None, None, None, False, False
         self.now, self.out = 0.0, []          # the event being handled, and the events it causes
+        self.attending: MicroBatch | None = None    # the micro-batch whose attention runs (while busy)
 
     def attend(self, mb: int, layer: int) -> None:
         b, eng, now = self.mbs[mb], self.engine, self.now
-        b.layer = layer
+        b.layer, b.a_start, self.attending = layer, now, b
         duration = b.t_moe if eng.moe[layer] else b.t_dense
         self.busy = True
-        if eng.trace_window is not None and self.index < eng.trace_replicas:
+        if eng.trace_window is not None and self.index < eng.trace_replicas and not eng.colocated:
             eng.span("attention", self.index, f"attn L{layer} mb{mb}", now, now + duration, tokens=b.num_tokens)
-        self.out.append(AttentionDone(now + duration, b))
+        end = eng.pool_time.stretched(now, duration) if eng.colocated else now + duration
+        self.out.append(AttentionDone(end, b))
         return None                         # on_attention_done reports it
 
     def dispatch(self, mb: int, layer: int) -> float:
@@ -79,11 +95,50 @@ class Replica:
         return arrived
 
 
+class PoolTime:
+    """The expert pool's busy intervals (one batch at a time, in start order) and what they take from an
+    attention op on a device they share (co-located)."""
+    PRUNE = 1 << 16
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.before: list[float] = []       # pool busy time before interval i
+        self.stretch_s = 0.0                # attention time added by the pool, all replicas
+
+    def add(self, start: float, end: float) -> None:
+        self.before.append(self.before[-1] + self.ends[-1] - self.starts[-1] if self.starts else 0.0)
+        self.starts.append(start)
+        self.ends.append(end)
+
+    def busy_until(self, t: float) -> float:
+        """Pool busy time before t (of the batches started so far)."""
+        i = bisect_right(self.starts, t) - 1
+        return 0.0 if i < 0 else self.before[i] + min(t, self.ends[i]) - self.starts[i]
+
+    def stretched(self, start: float, work: float) -> float:
+        """When an attention op of `work` seconds started at `start` ends, given the pool batches so far."""
+        base, end = self.busy_until(start), start + work
+        while True:
+            nxt = start + work + self.busy_until(end) - base
+            if nxt <= end + 1e-12:
+                return end
+            end = nxt
+
+    def prune(self, oldest: float) -> None:
+        """Forget intervals that ended before `oldest` (no attention in flight started earlier)."""
+        if len(self.starts) < self.PRUNE:
+            return
+        i = bisect_right(self.ends, oldest) - 1
+        if i > 0:
+            del self.starts[:i], self.ends[:i], self.before[:i]
+
+
 class AsyncEngine(EngineBase):
     def __init__(self, cost: CostModel, num_attention: int, router, token_budget: int, shares: ExpertShares,
                  selector, microbatches: "int | str" = 2, order: str = "fcfs", max_queue: int = 1024,
                  trace_window=None, trace_replicas: int = 8, adaptive: bool = False,
-                 prefix_cache_blocks: int | None = None):
+                 prefix_cache_blocks: int | None = None, colocated: bool = False):
         super().__init__(cost, num_attention, router, token_budget, order, max_queue, trace_window)
         if prefix_cache_blocks is not None:     # one cache per replica, the same policy as sync's DP groups
             self.schedulers = [PrefixCachedScheduler.like(s, PrefixCache(prefix_cache_blocks)) for s in self.schedulers]
@@ -92,12 +147,17 @@ class AsyncEngine(EngineBase):
         if microbatches == "adaptive":        # the runtime's adaptive_depth with its default microbatches
             microbatches, adaptive = 2, True
         self.selector, self.shares = selector, shares
-        self.total_devices = num_attention + shares.num_workers
         hw, E = cost.hw, shares.num_workers
-        disp_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.dispatch_bytes) * self.model.top_k
-        self.nic_copy = cost.seconds_per_copy(E, False, self.total_devices, hw.combine_bytes)
-        self.replicas = [Replica(i, StepDepth(microbatches, adaptive),
-                                 SimExchange(i, hw.link.latency_s, disp_copy, self.nic_copy * self.model.top_k), self)
+        self.colocated, self.pool_time = colocated, PoolTime()
+        if colocated and E != num_attention * cost.attn_tp:
+            raise ValueError(f"colocated: {num_attention} replicas x TP {cost.attn_tp} must be the {E} expert devices")
+        self.total_devices = E if colocated else num_attention + E
+        disp_copy = cost.seconds_per_copy(E, colocated, self.total_devices, hw.dispatch_bytes) * self.model.top_k
+        self.nic_copy = cost.seconds_per_copy(E, colocated, self.total_devices, hw.combine_bytes)
+        tx, rx = disp_copy, self.nic_copy * self.model.top_k
+        if colocated:       # a device's link also carries its shard's traffic: per token of its replica, as many
+            tx = rx = tx + rx   # dispatches in and combines out (balanced), on top of its own (conservative)
+        self.replicas = [Replica(i, StepDepth(microbatches, adaptive), SimExchange(i, hw.link.latency_s, tx, rx), self)
                          for i in range(num_attention)]
         self.moe = self.model.moe_layers
         self.num_layers = self.model.num_layers
@@ -157,8 +217,17 @@ class AsyncEngine(EngineBase):
 
     def on_attention_done(self, mb: MicroBatch, now: float) -> list:
         rep = self.replicas[mb.replica]
+        work = mb.t_moe if self.moe[mb.layer] else mb.t_dense
+        if self.colocated:      # pool batches that started while it ran push its end further
+            end = self.pool_time.stretched(mb.a_start, work)
+            if end > now:
+                return [AttentionDone(end, mb)]
+            self.pool_time.stretch_s += now - mb.a_start - work
+            if self.trace_window is not None and rep.index < self.trace_replicas:   # its span as stretched
+                self.span("attention", rep.index, f"attn L{mb.layer} mb{mb.index}", mb.a_start, now,
+                          tokens=mb.num_tokens)
         rep.busy = False
-        rep.pipe.attended(mb.index, mb.layer, mb.t_moe if self.moe[mb.layer] else mb.t_dense)
+        rep.pipe.attended(mb.index, mb.layer, work)
         return self.drive(rep, now)
 
     def on_combine_arrive(self, key, now: float) -> list:
@@ -196,6 +265,10 @@ class AsyncEngine(EngineBase):
         duration = self.cost.batch_expert_seconds(self.cost.moe_index[layer], tokens, self.shares, self.nic_copy)
         self.pool_busy = True
         self.pool_busy_s += duration
+        if self.colocated:
+            self.pool_time.add(now, now + duration)
+            if len(self.pool_time.starts) >= PoolTime.PRUNE:
+                self.pool_time.prune(min((r.attending.a_start for r in self.replicas if r.busy), default=now))
         self.num_batches += 1
         self.batch_tokens += tokens
         if self.trace_window is not None:
@@ -214,5 +287,7 @@ class AsyncEngine(EngineBase):
         out = {"num_steps": self.num_steps, "expert_batches": self.num_batches,
                "expert_busy_s": self.pool_busy_s,
                "mean_expert_batch_tokens": self.batch_tokens / self.num_batches if self.num_batches else 0.0}
+        if self.colocated:
+            out["attention_stretch_s"] = self.pool_time.stretch_s
         prefix = cache_stats(self.schedulers)
         return out if prefix is None else {**out, "prefix_cache": prefix}

@@ -124,7 +124,8 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     cfg, hw = get_model(model), get_hardware(hardware)
     prompt_len = token_weighted_length(reqs)
     if instances > 1:       # the first instance's share, as asap.sim.run routes it
-        ranks = per // config.attention_tp if config.engine == "sync" else (config.attention_workers or 1)
+        ranks = per // config.attention_tp if config.engine == "sync" or config.colocated \
+            else (config.attention_workers or 1)
         tps = instance_tokens_per_s(CostModel(cfg, hw, attn_tp=config.attention_tp), ranks, config.token_budget,
                                     prompt_len)
         reqs = split_instances(reqs, instances, tps)[0]
@@ -197,7 +198,8 @@ def _async(eng, spans, lo, hi, config, cfg) -> dict:
             if cfg.moe_layers[layer]:
                 link += 2 * ex.latency + s[5].get("tokens", 0) * (ex.disp + ex.comb)
     E = eng.shares.num_workers
-    units.append({"unit": "expert pool", "role": "experts", "dies": E,
+    units.append({"unit": "expert pool", "role": "experts, on the replicas' dies" if eng.colocated else "experts",
+                  "dies": E,
                   **_account([(s[3], s[4]) for s in exp], in_step, lo, hi)})
     tokens = np.asarray([s[5].get("tokens", 0) for s in exp], dtype=float)
     batches = {"count": int(len(tokens)), "what": "tokens per expert-pool batch"}
@@ -257,7 +259,7 @@ def format_explain(x: dict) -> str:
 def config_from_args(a) -> EngineConfig:
     return EngineConfig(a.engine, attention_tp=a.attention_tp, token_budget=a.chunk, instances=a.instances,
                         attention_workers=a.attention_workers, microbatches=a.microbatches,
-                        two_batch_overlap=not a.no_tbo, router=a.router)
+                        two_batch_overlap=not a.no_tbo, router=a.router, colocated=a.colocated)
 
 
 def add_parser(sub) -> None:
@@ -277,6 +279,8 @@ def add_parser(sub) -> None:
     e.add_argument("--instances", type=int, default=1, help="independent instances the devices are split into")
     e.add_argument("--attention-workers", type=int, default=None, help="async: A per instance (default: balanced)")
     e.add_argument("--microbatches", type=int, default=2, help="async: micro-batches per step")
+    e.add_argument("--colocated", action="store_true", help="async: every die hosts an attention replica's share "
+                                                              "and an expert shard (no separate expert pool)")
     e.add_argument("--no-tbo", action="store_true", help="sync: two-batch overlap off")
     e.add_argument("--router", default="queue-aware", help="request router across replicas / DP groups")
     e.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")

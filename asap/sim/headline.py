@@ -50,12 +50,15 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
     """A configuration found at `from_devices`, on `devices` devices (None where it does not fit)."""
     if c.instances > 1 and c.engine == "async":
         return replicate(c, devices, from_devices)
-    if c.engine == "sync":       # one instance over all the devices, the same DP group shape (replicate keeps
-        try:                     # the instance size)
+    if c.engine == "sync" or c.colocated:   # one instance over all the devices, the same DP group / replica
+        try:                                # shape (replicate keeps the instance size)
             check_memory("sync", get_model(model), get_hardware(hardware), devices, devices, c.attention_tp)
         except ValueError:
             return None
-        return dataclasses.replace(c, instances=1) if devices % c.attention_tp == 0 else None
+        if devices % c.attention_tp:
+            return None
+        return dataclasses.replace(c, instances=1, attention_workers=devices // c.attention_tp if c.colocated
+                                   else c.attention_workers)
     e_min = min_expert_workers(get_model(model), get_hardware(hardware))
     a = max(1, round(c.attention_workers * devices / from_devices))
     a = min(a, (devices - e_min) // c.attention_tp)

@@ -110,6 +110,12 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
         # Contention only where comm overlaps compute: with two-batch overlap.
         cost = CostModel(model, hw, attn_tp=attention_tp, rank_devices=attention_tp, overlapped=spec.two_batch_overlap)
         num_attn = num_exp = devices // attention_tp
+    elif spec.colocated:
+        # every device: one attention_tp-th of a replica and 1/devices of the experts (the sync layout, async)
+        if devices % attention_tp:
+            raise ValueError(f"colocated: attention_tp={attention_tp} must divide the instance's {devices} devices")
+        cost = CostModel(model, hw, attn_tp=attention_tp)
+        num_attn, num_exp = devices // attention_tp, devices
     else:
         cost = CostModel(model, hw, attn_tp=attention_tp)
         prompt_len = 4096 if spec.prompt_len is None else spec.prompt_len
@@ -119,11 +125,12 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
         if num_exp < 1:
             raise ValueError(f"async needs at least one expert worker: devices={devices}, attention={num_attn} "
                              f"replicas x TP {attention_tp}")
-    check_memory(engine, model, hw, devices, num_exp if engine == "async" else devices, attention_tp)
+    layout = "sync" if spec.colocated else engine     # memory: the weights per device are sync's
+    check_memory(layout, model, hw, devices, num_exp if engine == "async" else devices, attention_tp)
     blocks = None
     if spec.prefix_cache:
         blocks = spec.prefix_cache_blocks if spec.prefix_cache_blocks is not None else \
-            prefix_cache_capacity(engine, model, hw, devices, attention_tp)
+            prefix_cache_capacity(layout, model, hw, devices, attention_tp)
     n_moe = sum(model.moe_layers)
     loads = spec.expert_loads if spec.expert_loads is not None else \
         zipf_loads(n_moe, model.num_experts, spec.zipf, spec.seed)
@@ -143,7 +150,7 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
         selector = make_selector(selector, window_s=spec.window_s, max_batch_tokens=spec.max_batch_tokens)
     return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=spec.microbatches,
                        order=spec.order, max_queue=spec.max_queue, trace_window=spec.trace_window,
-                       prefix_cache_blocks=blocks)
+                       prefix_cache_blocks=blocks, colocated=spec.colocated)
 
 
 def run(requests: list[Request], engine="async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
@@ -169,7 +176,8 @@ def run(requests: list[Request], engine="async", model_cfg="deepseek-v3", hardwa
     own = [dataclasses.replace(r, meta=dict(r.meta)) for r in requests]
     if len({r.id for r in own}) != len(own):
         raise ValueError("request ids must be unique")
-    if spec.engine == "async" and spec.attention_workers is None and spec.prompt_len is None and own:
+    if spec.engine == "async" and not spec.colocated and spec.attention_workers is None and spec.prompt_len is None \
+            and own:
         spec = spec.replace(prompt_len=token_weighted_length(own))
     if spec.instances != 1:
         return _run_instances(own, spec, until)
@@ -216,7 +224,7 @@ def _run_instances(own, spec: EngineSpec, until) -> SimRun:
     instances, per, tp = spec.instances, spec.devices // spec.instances, spec.attention_tp
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
     prompt_len = token_weighted_length(own) if own else 0.0
-    ranks = per // tp if spec.engine == "sync" else (spec.attention_workers or 1)
+    ranks = per // tp if spec.engine == "sync" or spec.colocated else (spec.attention_workers or 1)
     rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, spec.token_budget, prompt_len)
     one = spec.replace(devices=per, instances=1)
     parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part]

@@ -29,6 +29,8 @@ class EngineSpec:
     max_batch_tokens: int = 65536
     window_s: float = 0.0
     microbatches: int | str = 2             # async: per step, or "adaptive"
+    colocated: bool = False                 # async: every device an attention replica's (of attention_tp) and an
+                                            # expert shard's (1/devices of the experts); no separate expert pool
     two_batch_overlap: bool = True          # sync
     expert_loads: Any = None                # [moe_layer][expert] routing loads (e.g. RoutingStats.loads())
     zipf: float = 0.0                       # else: Zipf-skewed loads (0 = uniform)
@@ -48,6 +50,12 @@ class EngineSpec:
             raise ValueError(f"engine must be 'async' or 'sync', got {self.engine!r}")
         if not (isinstance(self.attention_tp, int) and self.attention_tp >= 1):
             raise ValueError(f"attention_tp must be an int >= 1, got {self.attention_tp!r}")
+        if self.colocated and self.engine != "async":
+            raise ValueError("colocated is an async layout (sync DP+EP is co-located by construction)")
+        if self.colocated and self.attention_workers is not None and \
+                self.attention_workers * self.attention_tp != self.devices // self.instances:
+            raise ValueError(f"colocated: every device hosts attention, so attention_workers x attention_tp must be "
+                             f"the instance's {self.devices // self.instances} devices (or leave attention_workers unset)")
         if not (isinstance(self.instances, int) and self.instances >= 1) or self.devices % self.instances:
             raise ValueError(f"instances={self.instances!r} must be an int >= 1 that divides devices={self.devices}")
 

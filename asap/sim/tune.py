@@ -64,6 +64,7 @@ class EngineConfig:
     router: str = "queue-aware"
     redundant_experts: int | None = None
     prefix_cache: bool = False          # a prefix cache per replica / DP group (the same policy for both)
+    colocated: bool = False             # async: every device a replica's attention and an expert shard
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
@@ -74,6 +75,8 @@ class EngineConfig:
             kw.update(two_batch_overlap=self.two_batch_overlap)
         else:
             kw.update(microbatches=self.microbatches)
+            if self.colocated:
+                kw.update(colocated=True)
         return kw
 
     def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
@@ -91,8 +94,11 @@ class EngineConfig:
             return (f"sync {self.instances}x[DP{per // self.attention_tp} x TP{self.attention_tp}, EP{per}], "
                     f"chunk {self.token_budget}/group, TBO {'on' if self.two_batch_overlap else 'off'}")
         per = devices // self.instances
-        E = per - self.attention_workers * self.attention_tp
         inst = f"{self.instances}x" if self.instances > 1 else ""
+        if self.colocated:
+            return (f"async co-located {inst}[A={per // self.attention_tp} x TP{self.attention_tp}, experts on all "
+                    f"{per}], chunk {self.token_budget}/replica, k={self.microbatches}")
+        E = per - self.attention_workers * self.attention_tp
         return (f"async {inst}[A={self.attention_workers} x TP{self.attention_tp} + E={E}], chunk {self.token_budget}"
                 f"/replica, k={self.microbatches}")
 
@@ -167,8 +173,25 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
                     alt = min(a0 - 1, math.floor(a0 * 0.8))
                 for a in sorted({a0, alt} if alt >= 1 else {a0}):
                     out.append(EngineConfig("async", tp, budget, instances=inst, attention_workers=a))
+        out += colocated_space(devices, size, cfg, hw)
     if full:
         out += [v for c in out for v in secondary(c)]
+    return out
+
+
+def colocated_space(devices: int, size: int, cfg, hw) -> list[EngineConfig]:
+    """Async co-located candidates on instances of `size` devices: every device a replica's attention (TP
+    1 / 4 / 8 / 16) and 1/size of the experts, so the weights per device are sync's (the same memory check)."""
+    out = []
+    for tp in ASYNC_TP:
+        if size % tp or tp > hw.link.node_size:
+            continue
+        try:
+            check_memory("sync", cfg, hw, size, size, tp)
+        except ValueError:
+            continue
+        out += [EngineConfig("async", tp, budget, instances=devices // size, attention_workers=size // tp,
+                             colocated=True) for budget in CHUNKS]
     return out
 
 

@@ -1,0 +1,84 @@
+"""The co-located async mode of the simulator: every device an attention replica's and an expert shard's,
+joined by the async exchange, expert work first on a device (asap.sim.async_engine)."""
+import pytest
+
+from asap.scheduler.request import Request
+from asap.sim.async_engine import PoolTime
+from asap.sim.run import run
+from asap.sim.spec import EngineSpec
+from asap.sim.tune import EngineConfig, space
+
+
+def test_pool_time_stretches_an_attention_op_by_the_pool_time_inside_it():
+    p = PoolTime()
+    p.add(1.0, 2.0)
+    p.add(3.0, 3.5)
+    assert p.busy_until(0.5) == 0.0
+    assert p.busy_until(1.5) == pytest.approx(0.5)
+    assert p.busy_until(10.0) == pytest.approx(1.5)
+    # 1 s of work from t=0.5: 0.5 s before the first batch, its 1 s pause, 0.5 s after it -> 2.5
+    assert p.stretched(0.5, 1.0) == pytest.approx(2.5)
+    # 2 s of work from t=0.5 crosses both batches: 0.5 + 1 + 1 + 0.5 (second batch) -> ends at 4.0
+    assert p.stretched(0.5, 2.0) == pytest.approx(4.0)
+    # an op entirely between batches is not stretched
+    assert p.stretched(2.0, 0.5) == pytest.approx(2.5)
+
+
+def test_pool_time_prune_keeps_what_an_op_in_flight_needs():
+    p = PoolTime()
+    for i in range(PoolTime.PRUNE + 10):
+        p.add(float(i), i + 0.5)
+    before = p.stretched(PoolTime.PRUNE + 2.2, 1.0)
+    p.prune(PoolTime.PRUNE + 2.2)
+    assert len(p.starts) < 20
+    assert p.stretched(PoolTime.PRUNE + 2.2, 1.0) == pytest.approx(before)
+
+
+def _burst(n, length, gap=0.05):
+    return [Request(id=i, arrival=i * gap, num_tokens=length) for i in range(n)]
+
+
+def test_colocated_finishes_every_request_and_reports_the_stretch():
+    res = run(_burst(24, 4096), "async", devices=16, attention_tp=4, token_budget=8192, colocated=True)
+    assert len(res.results) == 24 and all(r.error is None for r in res.results)
+    assert res.attention_workers == 4 and res.expert_workers == 16
+    assert res.stats["attention_stretch_s"] > 0          # expert batches ran on the replicas' dies
+
+
+def test_a_lone_prompt_costs_about_what_sync_pays_on_the_same_dies():
+    """With one request there is no imbalance to remove: co-located and sync DP x TP1 run the same attention
+    and expert work on each die, so their TTFTs agree within the link and scheduling differences."""
+    for length in (2048, 8192):
+        one = [Request(id=0, arrival=0.0, num_tokens=length)]
+        s = run(one, "sync", devices=32, attention_tp=1, token_budget=16384).results[0].ttft
+        c = run(one, "async", devices=32, attention_tp=1, token_budget=16384, colocated=True).results[0].ttft
+        assert 0.8 < c / s < 1.25, (length, c, s)
+
+
+def test_colocated_pays_for_the_pool_on_its_attention_dies():
+    """The same replicas with the experts moved to their dies run slower than with a separate pool of the
+    same size on other dies: the pool's time comes out of attention's."""
+    reqs = _burst(16, 8192, gap=0.0)
+    sep = run(reqs, "async", devices=48, attention_workers=32, token_budget=8192)
+    col = run(reqs, "async", devices=32, attention_tp=1, token_budget=8192, colocated=True)
+    assert max(r.ttft for r in col.results) > max(r.ttft for r in sep.results)
+
+
+def test_memory_is_syncs_and_bad_layouts_are_refused():
+    with pytest.raises(ValueError, match="each rank needs"):      # TP1 on 16 dies: sync's memory rule
+        run(_burst(2, 1024), "async", devices=16, attention_tp=1, colocated=True)
+    with pytest.raises(ValueError, match="async layout"):
+        EngineSpec("sync", colocated=True)
+    with pytest.raises(ValueError, match="attention_workers x attention_tp"):
+        EngineSpec("async", devices=32, attention_workers=5, attention_tp=4, colocated=True)
+    with pytest.raises(ValueError, match="must divide"):
+        run(_burst(2, 1024), "async", devices=30, attention_tp=4, colocated=True)
+
+
+def test_the_tuner_searches_colocated_layouts_within_syncs_memory():
+    cands = [c for c in space("async", 32, full=False) if c.colocated]
+    assert {c.attention_tp for c in cands} == {1, 4, 8, 16}
+    assert all(c.attention_workers * c.attention_tp * c.instances == 32 for c in cands)
+    sync_shapes = {(c.instances, c.attention_tp) for c in space("sync", 32, full=False)}
+    assert {(c.instances, c.attention_tp) for c in cands} == sync_shapes
+    assert "co-located" in EngineConfig("async", 4, 8192, attention_workers=8, colocated=True).describe(32)
