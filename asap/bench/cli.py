@@ -102,9 +102,11 @@ def register(sub):
 
 
 def runtime_from_args(args) -> RuntimeConfig:
-    """The engines' config; sync gets as many devices as async (A + E) unless --devices says otherwise."""
+    """The engines' config; sync gets as many devices as async (A + E; co-located: E) unless --devices says
+    otherwise."""
     from asap.config import config_from_args
-    devices = args.devices if args.devices is not None else args.attention_workers + args.expert_workers
+    devices = args.devices if args.devices is not None else \
+        args.expert_workers + (0 if args.colocated else args.attention_workers)
     return config_from_args(RuntimeConfig, argparse.Namespace(**{**vars(args), "devices": devices}))
 
 

@@ -136,8 +136,9 @@ def make_target(name: str, model: str, runtime: RuntimeConfig, url: str | None =
                 ignore_eos: bool = False, max_tokens: int = 1):
     """A target by name. `runtime.devices` is the sync rank count; async uses A + E. For http, `model` is
     the local config and `served_model_name` (default: `model`) the name sent to the server."""
-    if name in ("async", "sync", "reference"):
-        return EngineTarget(name, model, runtime, progress, timeout, max_concurrency)
+    if name in ("async", "sync", "reference"):     # sync ranks are co-located by construction: the flag is async's
+        rt = dataclasses.replace(runtime, colocated=False) if name == "sync" else runtime
+        return EngineTarget(name, model, rt, progress, timeout, max_concurrency)
     if name in ("sim-async", "sim-sync"):
         return sim_target(name.removeprefix("sim-"), model, runtime, runtime.devices)
     if name == "http":

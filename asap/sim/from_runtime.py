@@ -17,7 +17,7 @@ from asap.sim.spec import EngineSpec
 
 HONOURED = frozenset({
     "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
-    "order", "selector", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware"})
+    "order", "selector", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware", "colocated"})
 MECHANICS = frozenset({
     "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
     "master_port", "master_addr", "remote_experts", "heartbeat_interval_s", "heartbeat_timeout_s",
@@ -53,7 +53,9 @@ def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", device
         raise ValueError(f"RuntimeConfig.microbatches={runtime.microbatches} with adaptive_depth cannot be "
                          f"simulated: the simulator's adaptive depth tops out at {MAX_ADAPTIVE_K}")
     return EngineSpec(engine="async",
-                      devices=runtime.attention_workers * runtime.attention_tp + runtime.expert_workers,
+                      devices=runtime.attention_workers * runtime.attention_tp + (0 if runtime.colocated else
+                                                                                  runtime.expert_workers),
+                      colocated=runtime.colocated,
                       attention_workers=runtime.attention_workers, selector=runtime.selector,
                       microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                       window_s=runtime.aggregation_window_ms / 1000,
