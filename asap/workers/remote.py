@@ -45,7 +45,7 @@ def register(sub):
     p.add_argument("--device", default=None,
                    help="cpu, cuda (this process's GPU: cuda:$LOCAL_RANK) or cuda:N; "
                         "default cuda with --transport nccl, else cpu")
-    add_config_flags(p, RuntimeConfig, skip=("remote_experts",))
+    add_config_flags(p, RuntimeConfig, skip=("remote_experts", "colocated"))   # colocated: no remote experts
     p.set_defaults(func=run)
 
 
