@@ -13,7 +13,7 @@ first t with t - s - (expert busy time in [s, t]) >= w (stretched_end). It re-re
 waits, so an expert op that starts meanwhile pushes it further, and it does not end before the device's
 expert has taken every dispatch of this replica that was due by then (the hosts lag their devices by about
 as long as a short attention op takes). A late-published expert op serving another replica can still be
-missed. Emulated lone prompts take the simulator's co-located time (tests/test_runtime_colocated.py).
+missed. Emulated prompts take the simulator's co-located time and stretch (tests/test_runtime_colocated.py).
 """
 from __future__ import annotations
 
