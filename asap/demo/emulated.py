@@ -30,7 +30,8 @@ def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
     from asap.sim.run import get_model
     tp = c.attention_tp
-    workers = devices // tp if c.engine == "sync" else devices - c.attention_workers * tp
+    colocated = getattr(c, "colocated", False)      # every die an attention replica's share and an expert shard
+    workers = devices // tp if c.engine == "sync" else devices if colocated else devices - c.attention_workers * tp
     # None: the fewest extra copies that give every worker the same slot count, as the simulator takes it
     redundant = c.redundant_experts if c.redundant_experts is not None else (-get_model(s.model).num_experts) % workers
     common = dict(compute="emulated", hardware=s.hardware, dilation=s.dilation, token_budget=c.token_budget,
@@ -40,8 +41,9 @@ def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
                              microbatches=2 if c.two_batch_overlap else 1, **common)
     adaptive = c.microbatches == "adaptive"
     return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=workers,
-                         devices=c.attention_workers * tp + workers, microbatches=2 if adaptive else int(c.microbatches),
-                         adaptive_depth=adaptive, **common)
+                         devices=devices if colocated else c.attention_workers * tp + workers,
+                         microbatches=2 if adaptive else int(c.microbatches), adaptive_depth=adaptive,
+                         colocated=colocated, **common)
 
 
 def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:

@@ -96,8 +96,8 @@ def _why_sync(emulated: dict, simulated: dict, sizes: set[int]) -> str:
     parts = []
     for n, tuned in ((emulated["devices"], emulated["tuned"]), (simulated["devices"], simulated["tuned"])):
         a, s = tuned["async"]["config"], tuned["sync"]["config"]
-        if n not in sizes or a.get("attention_workers") is None:   # not led there, or a layout not spelled out
-            continue
+        if n not in sizes or a.get("attention_workers") is None or a.get("colocated"):   # not led there, a layout
+            continue                                # not spelled out, or no expert pool (co-located)
         per = n // (a.get("instances") or 1)
         experts = per - a["attention_workers"] * (a.get("attention_tp") or 1)
         parts.append(f"on {n} dies async's best gives {experts} of {per} dies to its expert pool (at least {need} "
