@@ -198,7 +198,7 @@ def _async(eng, spans, lo, hi, config, cfg) -> dict:
             if cfg.moe_layers[layer]:
                 link += 2 * ex.latency + s[5].get("tokens", 0) * (ex.disp + ex.comb)
     E = eng.shares.num_workers
-    units.append({"unit": "expert pool", "role": "experts, on the replicas' dies" if eng.colocated else "experts",
+    units.append({"unit": "expert pool", "role": "experts, co-located" if eng.colocated else "experts",
                   "dies": E,
                   **_account([(s[3], s[4]) for s in exp], in_step, lo, hi)})
     tokens = np.asarray([s[5].get("tokens", 0) for s in exp], dtype=float)
