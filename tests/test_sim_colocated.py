@@ -82,3 +82,38 @@ def test_the_tuner_searches_colocated_layouts_within_syncs_memory():
     sync_shapes = {(c.instances, c.attention_tp) for c in space("sync", 32, full=False)}
     assert {(c.instances, c.attention_tp) for c in cands} == sync_shapes
     assert "co-located" in EngineConfig("async", 4, 8192, attention_workers=8, colocated=True).describe(32)
+
+
+def test_a_length_aware_fleet_sends_long_prompts_to_its_wide_replicas():
+    """Prompts of >= wide_from_tokens go to the wide (TP8) replicas and finish far sooner than on the TP1 ones;
+    the short prompts keep the TP1 replicas' latency."""
+    reqs = [Request(id=i, arrival=i * 0.3, num_tokens=70000 if i % 5 == 0 else 3000) for i in range(20)]
+    kw = dict(devices=32, attention_tp=1, token_budget=16384, colocated=True)
+    fleet = run(reqs, "async", wide_replicas=2, wide_tp=8, **kw)
+    flat = run(reqs, "async", **kw)
+    assert fleet.attention_workers == 16 + 2 and fleet.expert_workers == 32
+    long_ids = {r.id for r in reqs if r.num_tokens >= 32768}
+    ttft = lambda res, ids: [r.ttft for r in res.results if r.request_id in ids]
+    assert max(ttft(fleet, long_ids)) < 0.5 * min(ttft(flat, long_ids))
+    short = {r.id for r in reqs} - long_ids
+    assert max(ttft(fleet, short)) < 1.2 * max(ttft(flat, short))
+
+
+def test_length_router_routes_by_length_within_each_group():
+    from asap.scheduler.length_router import LengthRouter
+    from asap.scheduler.router import ReplicaLoad, make_router
+    r = LengthRouter(make_router("least-requests"), make_router("least-requests"), {2, 3}, 1000)
+    loads = [ReplicaLoad(i, n, 0) for i, n in enumerate((5, 1, 4, 2))]
+    assert r.route(Request(id=0, arrival=0.0, num_tokens=999), loads, 0.0) == 1
+    assert r.route(Request(id=1, arrival=0.0, num_tokens=1000), loads, 0.0) == 3
+    with pytest.raises(ValueError, match="wide replica"):
+        LengthRouter(r.narrow, r.wide, set(), 1000)
+
+
+def test_bad_fleets_are_refused():
+    with pytest.raises(ValueError, match="co-located layout only"):
+        EngineSpec("async", devices=32, wide_replicas=2)
+    with pytest.raises(ValueError, match="must leave a positive"):
+        EngineSpec("async", devices=32, colocated=True, wide_replicas=4, wide_tp=8)
+    with pytest.raises(ValueError, match="leave attention_workers unset"):
+        EngineSpec("async", devices=32, colocated=True, wide_replicas=1, attention_workers=24)

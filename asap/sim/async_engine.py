@@ -138,7 +138,9 @@ class AsyncEngine(EngineBase):
     def __init__(self, cost: CostModel, num_attention: int, router, token_budget: int, shares: ExpertShares,
                  selector, microbatches: "int | str" = 2, order: str = "fcfs", max_queue: int = 1024,
                  trace_window=None, trace_replicas: int = 8, adaptive: bool = False,
-                 prefix_cache_blocks: int | None = None, colocated: bool = False):
+                 prefix_cache_blocks: int | None = None, colocated: bool = False, attention_costs=None):
+        """attention_costs: each replica's CostModel for its attention (a length-aware fleet mixes attention
+        TP); default `cost` for all."""
         super().__init__(cost, num_attention, router, token_budget, order, max_queue, trace_window)
         if prefix_cache_blocks is not None:     # one cache per replica, the same policy as sync's DP groups
             self.schedulers = [PrefixCachedScheduler.like(s, PrefixCache(prefix_cache_blocks)) for s in self.schedulers]
@@ -149,8 +151,12 @@ class AsyncEngine(EngineBase):
         self.selector, self.shares = selector, shares
         hw, E = cost.hw, shares.num_workers
         self.colocated, self.pool_time = colocated, PoolTime()
-        if colocated and E != num_attention * cost.attn_tp:
-            raise ValueError(f"colocated: {num_attention} replicas x TP {cost.attn_tp} must be the {E} expert devices")
+        self.attention_costs = list(attention_costs) if attention_costs is not None else [cost] * num_attention
+        if len(self.attention_costs) != num_attention:
+            raise ValueError(f"{len(self.attention_costs)} attention costs for {num_attention} replicas")
+        if colocated and E != sum(c.attn_tp for c in self.attention_costs):
+            raise ValueError(f"colocated: the replicas' {sum(c.attn_tp for c in self.attention_costs)} devices must "
+                             f"be the {E} expert devices")
         self.total_devices = E if colocated else num_attention + E
         disp_copy = cost.seconds_per_copy(E, colocated, self.total_devices, hw.dispatch_bytes) * self.model.top_k
         self.nic_copy = cost.seconds_per_copy(E, colocated, self.total_devices, hw.combine_bytes)
@@ -190,7 +196,7 @@ class AsyncEngine(EngineBase):
             self.busy_until[rep.index] = 0.0
             self.touch(rep.index)
             return []
-        cost, mbs, predicted = self.cost, [], 0.0
+        cost, mbs, predicted = self.attention_costs[rep.index], [], 0.0
         n_moe = sum(self.moe)
         for p in step.microbatches:
             T, P, K = p.num_tokens, p.pairs, p.context

@@ -57,6 +57,9 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
             return None
         if devices % c.attention_tp:
             return None
+        if c.wide_replicas:         # a length-aware fleet keeps its share of wide devices
+            per = from_devices // c.instances
+            return dataclasses.replace(c, instances=1, wide_replicas=max(1, round(c.wide_replicas * devices / per)))
         return dataclasses.replace(c, instances=1, attention_workers=devices // c.attention_tp if c.colocated
                                    else c.attention_workers)
     e_min = min_expert_workers(get_model(model), get_hardware(hardware))

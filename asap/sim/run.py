@@ -26,6 +26,7 @@ from asap.sim.experts import ExpertShares, load_model, plan_experts, zipf_loads
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import check_memory, min_expert_workers, prefix_cache_capacity
 from asap.sim.simulator import Simulator
+from asap.scheduler.length_router import LengthRouter
 from asap.sim.spec import EngineSpec, spec_of
 from asap.sim.sync_engine import SyncEngine
 
@@ -103,6 +104,7 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
     run()'s business; spec.prompt_len feeds `balanced_split`, 4096 if None)."""
     engine, attention_tp, devices, token_budget = spec.engine, spec.attention_tp, spec.devices, spec.token_budget
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
+    attention_costs = None
     if engine == "sync":
         if devices % attention_tp:
             raise ValueError(f"sync: attention_tp={attention_tp} must divide the instance's {devices} devices")
@@ -116,6 +118,12 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
             raise ValueError(f"colocated: attention_tp={attention_tp} must divide the instance's {devices} devices")
         cost = CostModel(model, hw, attn_tp=attention_tp)
         num_attn, num_exp = devices // attention_tp, devices
+        if spec.wide_replicas:      # a length-aware fleet: narrow replicas of attention_tp, then the wide ones
+            wide_cost = CostModel(model, hw, attn_tp=spec.wide_tp)
+            check_memory("sync", model, hw, devices, devices, spec.wide_tp)
+            num_attn = (devices - spec.wide_replicas * spec.wide_tp) // attention_tp
+            attention_costs = [cost] * num_attn + [wide_cost] * spec.wide_replicas
+            num_attn += spec.wide_replicas
     else:
         cost = CostModel(model, hw, attn_tp=attention_tp)
         prompt_len = 4096 if spec.prompt_len is None else spec.prompt_len
@@ -141,6 +149,11 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
     router = spec.router
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
+    if attention_costs is not None:     # each group routes with its own costs; the prompt's length picks the group
+        narrow = num_attn - spec.wide_replicas
+        wide = make_router(spec.router, attention_costs[-1].replica_cost_fn()) if isinstance(spec.router, str) \
+            else router
+        router = LengthRouter(router, wide, set(range(narrow, num_attn)), spec.wide_from_tokens)
     if engine == "sync":
         return SyncEngine(cost, num_attn, router, token_budget, shares, order=spec.order, max_queue=spec.max_queue,
                           two_batch_overlap=spec.two_batch_overlap, trace_window=spec.trace_window,
@@ -150,7 +163,7 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
         selector = make_selector(selector, window_s=spec.window_s, max_batch_tokens=spec.max_batch_tokens)
     return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=spec.microbatches,
                        order=spec.order, max_queue=spec.max_queue, trace_window=spec.trace_window,
-                       prefix_cache_blocks=blocks, colocated=spec.colocated)
+                       prefix_cache_blocks=blocks, colocated=spec.colocated, attention_costs=attention_costs)
 
 
 def run(requests: list[Request], engine="async", model_cfg="deepseek-v3", hardware="cloudmatrix384",
@@ -225,6 +238,8 @@ def _run_instances(own, spec: EngineSpec, until) -> SimRun:
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
     prompt_len = token_weighted_length(own) if own else 0.0
     ranks = per // tp if spec.engine == "sync" or spec.colocated else (spec.attention_workers or 1)
+    if spec.wide_replicas:      # the narrow replicas' rate stands for the fleet's (the split is a fluid estimate)
+        ranks = (per - spec.wide_replicas * spec.wide_tp) // tp + spec.wide_replicas * spec.wide_tp // tp
     rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, spec.token_budget, prompt_len)
     one = spec.replace(devices=per, instances=1)
     parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part]

@@ -65,6 +65,9 @@ class EngineConfig:
     redundant_experts: int | None = None
     prefix_cache: bool = False          # a prefix cache per replica / DP group (the same policy for both)
     colocated: bool = False             # async: every device a replica's attention and an expert shard
+    wide_replicas: int = 0              # colocated: a length-aware fleet, wide_replicas x TP wide_tp take the
+    wide_tp: int = 8                    # prompts of >= wide_from_tokens (asap.scheduler.length_router)
+    wide_from_tokens: int = 32768
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
@@ -77,6 +80,9 @@ class EngineConfig:
             kw.update(microbatches=self.microbatches)
             if self.colocated:
                 kw.update(colocated=True)
+            if self.wide_replicas:
+                kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp,
+                          wide_from_tokens=self.wide_from_tokens)
         return kw
 
     def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
@@ -95,6 +101,11 @@ class EngineConfig:
                     f"chunk {self.token_budget}/group, TBO {'on' if self.two_batch_overlap else 'off'}")
         per = devices // self.instances
         inst = f"{self.instances}x" if self.instances > 1 else ""
+        if self.colocated and self.wide_replicas:
+            narrow = (per - self.wide_replicas * self.wide_tp) // self.attention_tp
+            return (f"async co-located {inst}[A={narrow} x TP{self.attention_tp} + {self.wide_replicas} x "
+                    f"TP{self.wide_tp} for prompts >= {self.wide_from_tokens // 1024}K, experts on all {per}], chunk "
+                    f"{self.token_budget}/replica, k={self.microbatches}")
         if self.colocated:
             return (f"async co-located {inst}[A={per // self.attention_tp} x TP{self.attention_tp}, experts on all "
                     f"{per}], chunk {self.token_budget}/replica, k={self.microbatches}")
