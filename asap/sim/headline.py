@@ -323,18 +323,18 @@ def _write_traces(row, base_slo, workload, num_requests, model, hardware, out_di
     if not rate:
         return
     n = row["async"]["num_requests"] or num_requests
-    reqs = at_rate(base_slo.apply(workload_requests(workload, n)), rate)
-    mid = reqs[len(reqs) // 2].arrival
+    base = base_slo.apply(workload_requests(workload, n))
     for engine in ("sync", "async"):
         cfg = row[engine]["config"]
         if cfg is None:
             continue
         c = EngineConfig(**cfg)
         kw = c.sim_kw()
-        kw.pop("instances", None)       # a trace shows one instance
-        devices = row["devices"] // c.instances if engine == "sync" else row["devices"]
-        res = run(reqs[: max(2, len(reqs) // c.instances)] if engine == "sync" else reqs, engine, model, hardware,
-                  devices, c.attention_workers, trace_window=(mid, mid + trace_s), **kw)
+        kw.pop("instances", None)       # a trace shows one instance: its share of the requests and of the rate
+        reqs = at_rate(base[: max(2, len(base) // c.instances)], rate / c.instances)
+        mid = reqs[len(reqs) // 2].arrival
+        res = run(reqs, engine, model, hardware, row["devices"] // c.instances, c.attention_workers,
+                  trace_window=(mid, mid + trace_s), **kw)
         write_trace(res.spans, Path(out_dir) / f"trace_{engine}_{row['devices']}.json")
 
 
