@@ -43,7 +43,7 @@ def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=workers,
                          devices=devices if colocated else c.attention_workers * tp + workers,
                          microbatches=2 if adaptive else int(c.microbatches), adaptive_depth=adaptive,
-                         colocated=colocated, **common)
+                         colocated=colocated, aggregation_window_ms=getattr(c, "window_s", 0.0) * 1e3, **common)
 
 
 def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:

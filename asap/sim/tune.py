@@ -9,11 +9,13 @@ Configuration spaces (`space`), the knobs an operator of each engine would searc
         redundant experts;
 - async (ASAP): instances of any size that divides N, attention TP per replica (1 / 4 / 8 / 16), the
         per-replica chunk (4K / 8K / 16K / 32K), the A:E split (the cost model's balance point, and 25% more
-        attention replicas, or 20% fewer where memory is full), micro-batch depth 1 / 2 / 3, the same routers.
+        attention replicas, or 20% fewer where memory is full), micro-batch depth 1 / 2 / 3, the same routers, an
+        expert batching window of 0 / 2 / 5 ms; and the co-located layout (every die attention and 1/N of the
+        experts, sync's memory per die).
 Search, the same rule and budget for both engines (the space is too large to rate-search every candidate):
 1. screen (`_screen`): every primary candidate (TBO on / k=2, queue-aware) is simulated at one rate on a
    short sample, the passing ones again at 1.5x the rate while more than SCREEN_KEEP pass; then the
-   secondary variants (TBO / router / k) of the best SCREEN_KEEP are screened the same way;
+   secondary variants (TBO / router / k / expert window) of the best SCREEN_KEEP are screened the same way;
 2. the best FINALISTS screened candidates get a coarse rate search (tol COARSE_TOL), the best REFINE of
    them a fine one (tol FINE_TOL).
 A candidate's answer counts only if its search is valid (asap.measure.rate_search: converged, not a burst).
@@ -68,6 +70,7 @@ class EngineConfig:
     wide_replicas: int = 0              # colocated: a length-aware fleet, wide_replicas x TP wide_tp take the
     wide_tp: int = 8                    # prompts of >= wide_from_tokens (asap.scheduler.length_router)
     wide_from_tokens: int = 32768
+    window_s: float = 0.0               # async: the expert side holds a batch up to this long to merge same-layer work
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
@@ -80,6 +83,8 @@ class EngineConfig:
             kw.update(microbatches=self.microbatches)
             if self.colocated:
                 kw.update(colocated=True)
+            if self.window_s:
+                kw.update(window_s=self.window_s)
             if self.wide_replicas:
                 kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp,
                           wide_from_tokens=self.wide_from_tokens)
@@ -92,6 +97,7 @@ class EngineConfig:
 
     def describe(self, devices: int) -> str:
         return (self._describe(devices) + (f", {self.router} router" if self.router != "queue-aware" else "")
+                + (f", expert window {self.window_s * 1e3:g} ms" if self.window_s else "")
                 + (", prefix cache" if self.prefix_cache else ""))
 
     def _describe(self, devices: int) -> str:
@@ -122,6 +128,10 @@ CHUNKS = (4096, 8192, 16384, 32768)      # tokens per step of one DP group / rep
 # router refines with their work, so queue-aware stands for it
 ROUTERS = ("queue-aware", "round-robin")
 MICROBATCHES = (1, 2, 3)                 # async micro-batch depth
+# async expert batching window (RuntimeConfig.aggregation_window_ms): without a barrier, replicas reach a layer
+# at different times and the expert side sees one replica's micro-batch at a time (fixed 4K on 32 co-located
+# dies: ~2.4K tokens per batch against sync's ~40K per all-to-all), which reloads the expert weights per batch
+WINDOWS = (0.002, 0.005)
 
 
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
@@ -150,7 +160,7 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
     async also its A:E split (the cost model's balance point, and 25% more replicas, or 20% fewer where
     memory is full). Secondary knobs (full=True): sync two-batch overlap off and the round-robin router;
-    async micro-batch depth 1 / 3 and the round-robin router. The first candidate of each engine is its
+    async micro-batch depth 1 / 3, the round-robin router and an expert batching window of 2 / 5 ms. The first candidate of each engine is its
     default (TBO on / k=2, queue-aware)."""
     cfg, hw = get_model(model), get_hardware(hardware)
     if engine not in ("sync", "async"):
@@ -207,11 +217,13 @@ def colocated_space(devices: int, size: int, cfg, hw) -> list[EngineConfig]:
 
 
 def secondary(c: EngineConfig) -> list[EngineConfig]:
-    """The variants of a primary candidate in its secondary knobs (TBO, router, micro-batch depth)."""
+    """The variants of a primary candidate in its secondary knobs (sync: TBO, router; async: micro-batch depth,
+    router, expert window)."""
     rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router]
     if c.engine == "sync":
         return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap)] + rr
-    return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr
+    return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr \
+        + [dataclasses.replace(c, window_s=w) for w in WINDOWS if w != c.window_s]
 
 
 @dataclass
