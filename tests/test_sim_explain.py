@@ -67,3 +67,20 @@ def test_without_attention_workers_async_is_explained_at_its_balanced_split(caps
     head = capsys.readouterr().out.splitlines()[0]
     a, e = (int(x) for x in re.search(r"\[A=(\d+) x TP1 \+ E=(\d+)\]", head).groups())
     assert a >= 1 and e >= 1 and a + e == 8
+
+
+def test_a_colocated_run_is_explained_with_every_die_counted_once_and_a_window_merges_batches():
+    """Co-located: the pool is every replica's die, so its unit shares the dies (not added to them); an
+    expert window makes the expert batches larger."""
+    kw = dict(rate=150.0, **SMALL, window=(0.2, 0.9))
+    plain = explain(_requests(), EngineConfig("async", 1, 4096, attention_workers=8, colocated=True), 8, **kw)
+    held = explain(_requests(), EngineConfig("async", 1, 4096, attention_workers=8, colocated=True,
+                                             window_s=0.002), 8, **kw)
+    pool = [u for u in plain["units"] if u["unit"] == "expert pool"]
+    assert len(pool) == 1 and pool[0]["dies"] == 8 and pool[0]["role"] == "experts, co-located"
+    assert sum(u["dies"] for u in plain["units"] if u["unit"] != "expert pool") == 8
+    for u in plain["units"]:
+        assert u["busy_s"] + u["stall_s"] + u["idle_s"] == pytest.approx(plain["wall_s"], abs=1e-9)
+    assert plain["stats"]["attention_stretch_s"] > 0
+    assert held["expert_batches"]["mean_tokens"] > plain["expert_batches"]["mean_tokens"]
+    assert "co-located" in format_explain(plain) and "expert window 2 ms" in held["describe"]

@@ -259,7 +259,8 @@ def format_explain(x: dict) -> str:
 def config_from_args(a) -> EngineConfig:
     return EngineConfig(a.engine, attention_tp=a.attention_tp, token_budget=a.chunk, instances=a.instances,
                         attention_workers=a.attention_workers, microbatches=a.microbatches,
-                        two_batch_overlap=not a.no_tbo, router=a.router, colocated=a.colocated)
+                        two_batch_overlap=not a.no_tbo, router=a.router, colocated=a.colocated,
+                        window_s=a.expert_window_ms / 1e3)
 
 
 def add_parser(sub) -> None:
@@ -281,6 +282,8 @@ def add_parser(sub) -> None:
     e.add_argument("--microbatches", type=int, default=2, help="async: micro-batches per step")
     e.add_argument("--colocated", action="store_true", help="async: every die hosts an attention replica's share "
                                                               "and an expert shard (no separate expert pool)")
+    e.add_argument("--expert-window-ms", type=float, default=0.0,
+                   help="async: the expert side holds a batch up to this long to merge same-layer work")
     e.add_argument("--no-tbo", action="store_true", help="sync: two-batch overlap off")
     e.add_argument("--router", default="queue-aware", help="request router across replicas / DP groups")
     e.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
