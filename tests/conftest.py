@@ -23,3 +23,14 @@ def ranks():
     for t in ts:
         t.close()
     spec.cleanup()
+
+
+@pytest.fixture(scope="session")
+def roomy(tmp_path_factory):
+    """cloudmatrix384 with memory enough for DeepSeek-V3 on 2-4 devices (a test profile: times unchanged)."""
+    import dataclasses
+
+    from asap.cost.hardware import get_hardware
+    path = tmp_path_factory.mktemp("hw") / "roomy.json"
+    dataclasses.replace(get_hardware("cloudmatrix384"), name="roomy", memory_bytes=1e13).save(path)
+    return str(path)

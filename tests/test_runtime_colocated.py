@@ -54,16 +54,6 @@ def test_each_expert_worker_runs_on_its_replicas_device():
         plain.transport.cleanup()
 
 
-@pytest.fixture(scope="module")
-def roomy(tmp_path_factory):
-    """cloudmatrix384 with memory enough for DeepSeek-V3 on 2 devices (a test profile: times unchanged)."""
-    from asap.cost.hardware import get_hardware
-    hw = get_hardware("cloudmatrix384")
-    path = tmp_path_factory.mktemp("hw") / "roomy.json"
-    dataclasses.replace(hw, name="roomy", memory_bytes=1e13).save(path)
-    return str(path)
-
-
 @pytest.mark.timeout(120)
 def test_emulated_prompts_take_the_simulated_colocated_time_and_stretch(roomy):
     """Two prompts at once on two co-located devices: each replica's attention is stretched by the expert

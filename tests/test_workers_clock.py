@@ -6,14 +6,12 @@ clock, not by when their dispatches were due), and 1.10x / 1.03x on async; with 
 dilation 1. The test runs at dilation 4: at dilation 1, with another process on the two cores, the hosts of
 4 sync ranks could not do a step's Python within the step's emulated time (1.29x), and a result is seen
 when its host gets there."""
-import dataclasses
 import time
 
 import pytest
 
 import asap
 from asap.config import RuntimeConfig
-from asap.cost.hardware import get_hardware
 from asap.model.config import ModelConfig
 from asap.model.materialize import resolve_model
 from asap.scheduler.request import Request
@@ -42,15 +40,6 @@ def test_ops_chain_from_when_the_device_is_free_not_from_when_the_host_issues_th
     time.sleep(max(0.0, first + 0.15 - time.monotonic()))
     t1 = time.monotonic()
     assert clock.run(0.010) - 0.010 >= t1          # the word was used once: with none, the op starts when issued
-
-
-@pytest.fixture(scope="module")
-def roomy(tmp_path_factory):
-    """cloudmatrix384 with memory enough for DeepSeek-V3 on 4 devices (a test profile: times unchanged)."""
-    hw = get_hardware("cloudmatrix384")
-    path = tmp_path_factory.mktemp("hw") / "roomy.json"
-    dataclasses.replace(hw, name="roomy", memory_bytes=1e13).save(path)
-    return str(path)
 
 
 @pytest.mark.timeout(180)

@@ -16,6 +16,7 @@ from asap.config import ModelConfig
 from asap.model.presets import preset_config
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.expert_select import make_selector
+from asap.scheduler.length_router import LengthRouter
 from asap.scheduler.prefix_cache import merge_stats
 from asap.scheduler.request import Request
 from asap.scheduler.router import make_router
@@ -26,7 +27,6 @@ from asap.sim.experts import ExpertShares, load_model, plan_experts, zipf_loads
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import check_memory, min_expert_workers, prefix_cache_capacity
 from asap.sim.simulator import Simulator
-from asap.scheduler.length_router import LengthRouter
 from asap.sim.spec import EngineSpec, spec_of
 from asap.sim.sync_engine import SyncEngine
 
@@ -238,8 +238,6 @@ def _run_instances(own, spec: EngineSpec, until) -> SimRun:
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
     prompt_len = token_weighted_length(own) if own else 0.0
     ranks = per // tp if spec.engine == "sync" or spec.colocated else (spec.attention_workers or 1)
-    if spec.wide_replicas:      # the narrow replicas' rate stands for the fleet's (the split is a fluid estimate)
-        ranks = (per - spec.wide_replicas * spec.wide_tp) // tp + spec.wide_replicas * spec.wide_tp // tp
     rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, spec.token_budget, prompt_len)
     one = spec.replace(devices=per, instances=1)
     parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part]

@@ -169,15 +169,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     for size in instance_sizes(devices, engine, model, hardware):
         inst = devices // size
         if engine == "sync":
-            for tp in SYNC_TP:
-                if size % tp or tp > hw.link.node_size:
-                    continue
-                try:
-                    check_memory("sync", cfg, hw, size, size, tp)
-                except ValueError:
-                    continue
-                for budget in CHUNKS:
-                    out.append(EngineConfig("sync", tp, budget, instances=inst))
+            out += [EngineConfig("sync", tp, budget, instances=inst)
+                    for tp in _sync_memory_tps(SYNC_TP, size, cfg, hw) for budget in CHUNKS]
             continue
         e_min = min_expert_workers(cfg, hw)
         for tp in ASYNC_TP:
@@ -194,25 +187,26 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
                     alt = min(a0 - 1, math.floor(a0 * 0.8))
                 for a in sorted({a0, alt} if alt >= 1 else {a0}):
                     out.append(EngineConfig("async", tp, budget, instances=inst, attention_workers=a))
-        out += colocated_space(devices, size, cfg, hw)
+        # co-located: every device a replica's attention and 1/size of the experts, so sync's memory per device
+        out += [EngineConfig("async", tp, budget, instances=inst, attention_workers=size // tp, colocated=True)
+                for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) for budget in CHUNKS]
     if full:
         out += [v for c in out for v in secondary(c)]
     return out
 
 
-def colocated_space(devices: int, size: int, cfg, hw) -> list[EngineConfig]:
-    """Async co-located candidates on instances of `size` devices: every device a replica's attention (TP
-    1 / 4 / 8 / 16) and 1/size of the experts, so the weights per device are sync's (the same memory check)."""
+def _sync_memory_tps(tps, size: int, cfg, hw) -> list[int]:
+    """The attention TP sizes that divide `size`, fit a node, and hold sync's weights per device on `size`
+    devices (attention / tp + experts / size): sync DP groups and co-located async replicas alike."""
     out = []
-    for tp in ASYNC_TP:
+    for tp in tps:
         if size % tp or tp > hw.link.node_size:
             continue
         try:
             check_memory("sync", cfg, hw, size, size, tp)
         except ValueError:
             continue
-        out += [EngineConfig("async", tp, budget, instances=devices // size, attention_workers=size // tp,
-                             colocated=True) for budget in CHUNKS]
+        out.append(tp)
     return out
 
 
