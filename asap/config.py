@@ -30,7 +30,10 @@ class RuntimeConfig:
     adaptive_depth: bool = _f(False, "async: adapt the number of micro-batches to the expert round-trip")
     router: str = _f("queue-aware", "request router across replicas")
     order: str = _f("fcfs", "per-replica order: fcfs, sjf or edf")
-    selector: str = _f("oldest", "expert work selection: oldest, largest or deadline")
+    selector: str = _f("oldest", "expert work selection: oldest, largest, deadline, or fullest (the layer with "
+                                 "the most ready tokens first, which merges the most work per expert weight read)")
+    expert_max_wait_ms: float = _f(20.0, "selector fullest: a layer whose oldest work has waited this long goes "
+                                         "first (no layer starves)")
     aggregation_window_ms: float = _f(0.0, "expert side: wait up to this long to merge same-layer work")
     redundant_experts: int = _f(0, "extra expert copies per layer, placed EPLB-style (needs (E + this) % workers == 0)")
     admission: str = _f("off", "SLO-aware admission: off, reject or demote requests predicted to miss their deadline")
@@ -73,6 +76,11 @@ class RuntimeConfig:
                              "parallelism is not built")
         if self.colocated:
             self._check_colocated()
+        from asap.scheduler.expert_select import SELECTORS
+        if self.selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
+        if not self.expert_max_wait_ms >= 0:
+            raise ValueError(f"expert_max_wait_ms must be >= 0, got {self.expert_max_wait_ms}")
         if self.dilation <= 0:
             raise ValueError("dilation must be > 0")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "stop_grace_s"):

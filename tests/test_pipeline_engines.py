@@ -45,6 +45,10 @@ def test_the_engine_spec_carries_the_policies_and_the_one_batch_cap():
     assert kw.devices == 5 and kw.attention_workers == 2 and kw.microbatches == "adaptive"
     assert kw.redundant_experts == 2 and kw.selector == "largest" and kw.window_s == pytest.approx(0.002)
     assert kw.max_batch_tokens == expert_batch_cap(512) and kw.order == "sjf"
+    assert kw.max_wait_s is None                        # the age bound belongs to the fullest selector only
+    fullest = engine_spec(RuntimeConfig(attention_workers=2, expert_workers=2, selector="fullest",
+                                        expert_max_wait_ms=7.0), "async")
+    assert fullest.selector == "fullest" and fullest.max_wait_s == pytest.approx(0.007)
     sync = engine_spec(RuntimeConfig(devices=4, microbatches=1), "sync")
     assert sync.devices == 4 and sync.two_batch_overlap is False
 

@@ -2,7 +2,7 @@
 and a bounded aggregation wait."""
 import pytest
 
-from asap.scheduler import (AggregationWindow, DeadlineFirst, LargestFirst, OldestFirst, WorkInfo,
+from asap.scheduler import (AggregationWindow, DeadlineFirst, FullestLayer, LargestFirst, OldestFirst, WorkInfo,
                             make_selector)
 
 INF = float("inf")
@@ -73,9 +73,27 @@ def test_make_selector_names_window_and_unknown_name():
     assert isinstance(windowed, AggregationWindow) and isinstance(windowed.inner, OldestFirst)
     with pytest.raises(ValueError, match="oldest.*largest.*deadline"):
         make_selector("newest")
+    assert make_selector("fullest", max_wait_s=0.5).max_wait_s == 0.5
+    with pytest.raises(ValueError, match="age bound"):
+        make_selector("oldest", max_wait_s=0.5)
 
 
-@pytest.mark.parametrize("name", ["oldest", "largest", "deadline"])
+def test_fullest_layer_serves_the_layer_with_most_ready_tokens():
+    ready = [w("old", 1, 500, sent_at=0.0), w("a", 2, 400, sent_at=0.1), w("b", 2, 300, sent_at=0.2),
+             w("c", 3, 600, sent_at=0.3)]
+    sel = FullestLayer(max_batch_tokens=4096, max_wait_s=1.0)
+    assert sel.select(ready, now=0.5) == [1, 2]          # layer 2 holds 700 tokens; oldest first inside it
+    # ...but a layer whose oldest item has waited max_wait_s goes first: nothing starves
+    assert sel.select(ready, now=1.0) == [0]
+    assert sel.select([], now=1.0) == []
+
+
+def test_fullest_layer_ties_go_to_the_older_layer():
+    ready = [w("x", 5, 300, sent_at=0.2), w("y", 7, 300, sent_at=0.1)]
+    assert FullestLayer(max_wait_s=10.0).select(ready, now=0.3) == [1]
+
+
+@pytest.mark.parametrize("name", ["oldest", "largest", "deadline", "fullest"])
 @pytest.mark.parametrize("window_s", [0.0, 0.3])
 def test_ready_queue_makes_exactly_the_list_selectors_choices(name, window_s):
     """The simulator's O(log n) queue against select() over a list, on a random stream of arrivals and
@@ -85,7 +103,8 @@ def test_ready_queue_makes_exactly_the_list_selectors_choices(name, window_s):
 
     rng = random.Random(f"{name}-{window_s}")
     for trial in range(30):
-        selector = make_selector(name, window_s=window_s, max_batch_tokens=rng.choice([1, 300, 1000, 4096]))
+        bound = {"max_wait_s": rng.choice([0.0, 0.15, 1.0])} if name == "fullest" else {}
+        selector = make_selector(name, window_s=window_s, max_batch_tokens=rng.choice([1, 300, 1000, 4096]), **bound)
         fast, slow = ready_queue(selector), ListQueue(selector)
         assert isinstance(fast, ReadyQueue)
         now, seq = 0.0, 0

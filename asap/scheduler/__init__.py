@@ -13,7 +13,7 @@ time always comes in as `now`.
 from asap.scheduler.admission import DEMOTED_PRIORITY, AdmissionDecision, SLOAdmission
 from asap.scheduler.cost import DEFAULT_COST, CostFn, linear_cost
 from asap.scheduler.errors import QueueFull, Rejected
-from asap.scheduler.expert_select import (AggregationWindow, DeadlineFirst, LargestFirst, OldestFirst,
+from asap.scheduler.expert_select import (AggregationWindow, DeadlineFirst, FullestLayer, LargestFirst, OldestFirst,
                                           Selector, WorkInfo, make_selector)
 from asap.scheduler.microbatch import AdaptiveDepth, Chunk, split_microbatches
 from asap.scheduler.placement import (Placement, ReplicaChooser, RoutingStats, balanced_placement,
@@ -25,7 +25,7 @@ from asap.scheduler.router import (LeastRequestsRouter, LeastTokensRouter, Queue
 
 __all__ = [
     "AdaptiveDepth", "AdmissionDecision", "AggregationWindow", "Chunk", "CostFn", "DEFAULT_COST",
-    "DEMOTED_PRIORITY", "DeadlineFirst", "LargestFirst", "LeastRequestsRouter", "LeastTokensRouter",
+    "DEMOTED_PRIORITY", "DeadlineFirst", "FullestLayer", "LargestFirst", "LeastRequestsRouter", "LeastTokensRouter",
     "OldestFirst", "Placement", "QueueAwareRouter", "QueueFull", "Rejected", "ReplicaChooser", "ReplicaLoad",
     "ReplicaScheduler", "Request", "RoundRobinRouter", "Router", "RoutingStats", "SLOAdmission", "Selector",
     "WorkInfo", "balanced_placement", "contiguous_placement", "linear_cost", "make_router", "make_selector",

@@ -125,6 +125,49 @@ class AggregationWindow:
         return []
 
 
+class FullestLayer(_RuleSelector):
+    """The layer with the most ready tokens first (any replicas), its items oldest first; but a layer whose
+    oldest item has waited `max_wait_s` goes before any other (the oldest such first), so none starves.
+
+    Without a barrier the expert side sees the replicas at scattered layers, and every batch reloads the
+    experts' weights: an oldest-first pool runs a few thousand tokens per batch, a fraction of the GEMMs'
+    large-batch rate. When work queues up, serving the fullest layer merges the most items per weight read,
+    and the replicas it serves leave together, so they tend to reach the next layer together (the batching
+    sync's barrier gives for free, without the barrier). When nothing queues it is oldest-first.
+    """
+
+    def __init__(self, max_batch_tokens: int = 8192, max_wait_s: float = 0.02):
+        super().__init__(max_batch_tokens)
+        if not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self.max_wait_s = max_wait_s
+
+    @staticmethod
+    def rank(w: WorkInfo) -> tuple:
+        return (w.sent_at,)
+
+    @staticmethod
+    def _key(w: WorkInfo, seq: int) -> tuple:
+        return (w.sent_at, seq, w)
+
+    def select(self, ready: list[WorkInfo], now: float) -> list[int]:
+        if not ready:
+            return []
+        layers: dict[int, list[int]] = {}
+        for i, w in enumerate(ready):
+            layers.setdefault(w.layer, []).append(i)
+        due = now - self.max_wait_s
+        best = None
+        for idx in layers.values():
+            i = min(idx, key=lambda i: (ready[i].sent_at, i))       # the layer's oldest (ties: first to arrive)
+            sent, tokens = ready[i].sent_at, sum(ready[j].num_tokens for j in idx)
+            key = (0, sent, i) if sent <= due else (1, -tokens, sent, i)
+            if best is None or key < best[0]:
+                best = (key, idx)
+        idx = best[1]
+        return [idx[j] for j in super().select([ready[i] for i in idx], now)]
+
+
 class ListQueue:
     """Ready items in arrival order, handed to any Selector as a list (the runtime's way, and the
     simulator's for a selector it does not know)."""
@@ -172,6 +215,8 @@ class ReadyQueue:
         self.key = selector._key
         self.max_batch_tokens = selector.max_batch_tokens
         self.window_s = window_s                # None: no aggregation window
+        self.fullest = getattr(selector, "max_wait_s", None)   # FullestLayer's age bound; None: a rank rule
+        self._tokens: dict[int, int] = {}       # layer -> its queued tokens (FullestLayer only)
         self.wait_until: float | None = None
         self._layers: dict[int, list] = {}     # layer -> heap of keys
         self._all: list = []                    # heap of keys, all layers; stale once taken
@@ -189,19 +234,32 @@ class ReadyQueue:
         if layer is None:
             layer = self._layers[work.layer] = []
         heapq.heappush(layer, k)
-        heapq.heappush(self._all, k)
+        if self.fullest is not None:
+            self._tokens[work.layer] = self._tokens.get(work.layer, 0) + work.num_tokens
+        else:
+            heapq.heappush(self._all, k)
 
     def take(self, now: float) -> list[WorkInfo]:
         self.wait_until = None
         if not self._len:
             return []
         everyone, pop = self._all, heapq.heappop
-        while True:                     # the primary: the least key whose item is still queued
-            k = everyone[0]
-            heap = self._layers.get(k[-1].layer)
-            if heap and heap[0] is k:
-                break
-            pop(everyone)               # its item left in an earlier batch (a layer heap's top is its least)
+        if self.fullest is not None:    # FullestLayer: an overdue layer's oldest first, else the fullest layer
+            due, k, best = now - self.fullest, None, None
+            for layer, heap in self._layers.items():
+                top = heap[0]
+                sent = top[-1].sent_at
+                key = (0, sent, top[1]) if sent <= due else (1, -self._tokens[layer], sent, top[1])
+                if best is None or key < best:
+                    k, best = top, key
+            heap = self._layers[k[-1].layer]
+        else:
+            while True:                 # the primary: the least key whose item is still queued
+                k = everyone[0]
+                heap = self._layers.get(k[-1].layer)
+                if heap and heap[0] is k:
+                    break
+                pop(everyone)           # its item left in an earlier batch (a layer heap's top is its least)
         pop(heap)
         total, cap = k[-1].num_tokens, self.max_batch_tokens
         keys, skipped = [k], []
@@ -222,9 +280,15 @@ class ReadyQueue:
                     heapq.heappush(heap, other)
                 self.wait_until = release_at
                 return []
-        pop(everyone)                   # the primary's own entry (the others are skipped when they surface)
+        layer = k[-1].layer
+        if self.fullest is not None:
+            self._tokens[layer] -= total
+            if not heap:
+                del self._tokens[layer]
+        else:
+            pop(everyone)               # the primary's own entry (the others are skipped when they surface)
         if not heap:
-            del self._layers[k[-1].layer]
+            del self._layers[layer]
         self._len -= len(keys)
         return [x[-1] for x in keys]
 
@@ -239,12 +303,17 @@ def ready_queue(selector: Selector) -> "ReadyQueue | ListQueue":
     return ListQueue(selector)
 
 
-SELECTORS = {"oldest": OldestFirst, "largest": LargestFirst, "deadline": DeadlineFirst}
+SELECTORS = {"oldest": OldestFirst, "largest": LargestFirst, "deadline": DeadlineFirst, "fullest": FullestLayer}
 
 
-def make_selector(name: str = "oldest", window_s: float = 0.0, **kw) -> Selector:
-    """`kw` goes to the selector (max_batch_tokens); window_s > 0 wraps it in an AggregationWindow."""
+def make_selector(name: str = "oldest", window_s: float = 0.0, max_wait_s: float | None = None, **kw) -> Selector:
+    """`kw` goes to the selector (max_batch_tokens); window_s > 0 wraps it in an AggregationWindow;
+    max_wait_s is the fullest rule's age bound (default FullestLayer's)."""
     if name not in SELECTORS:
         raise ValueError(f"unknown selector {name!r}; choose one of {', '.join(SELECTORS)}")
+    if max_wait_s is not None:
+        if name != "fullest":
+            raise ValueError(f"max_wait_s is the fullest selector's age bound; selector {name!r} has none")
+        kw["max_wait_s"] = max_wait_s
     selector = SELECTORS[name](**kw)
     return AggregationWindow(selector, window_s) if window_s > 0 else selector

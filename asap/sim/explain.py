@@ -30,6 +30,7 @@ import numpy as np
 from asap.measure.buckets import by_length
 from asap.measure.metrics import summarize
 from asap.pipeline.plan import token_weighted_length
+from asap.scheduler.expert_select import SELECTORS
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.events import Arrival
@@ -260,7 +261,7 @@ def config_from_args(a) -> EngineConfig:
     return EngineConfig(a.engine, attention_tp=a.attention_tp, token_budget=a.chunk, instances=a.instances,
                         attention_workers=a.attention_workers, microbatches=a.microbatches,
                         two_batch_overlap=not a.no_tbo, router=a.router, colocated=a.colocated,
-                        window_s=a.expert_window_ms / 1e3)
+                        window_s=a.expert_window_ms / 1e3, selector=a.expert_selector)
 
 
 def add_parser(sub) -> None:
@@ -284,6 +285,8 @@ def add_parser(sub) -> None:
                                                               "and an expert shard (no separate expert pool)")
     e.add_argument("--expert-window-ms", type=float, default=0.0,
                    help="async: the expert side holds a batch up to this long to merge same-layer work")
+    e.add_argument("--expert-selector", default="oldest", choices=tuple(SELECTORS),
+                   help="async: which ready expert work runs next (fullest: the layer with the most ready tokens)")
     e.add_argument("--no-tbo", action="store_true", help="sync: two-batch overlap off")
     e.add_argument("--router", default="queue-aware", help="request router across replicas / DP groups")
     e.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")

@@ -160,7 +160,8 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
                           prefix_cache_blocks=blocks)
     selector = spec.selector
     if isinstance(selector, str):
-        selector = make_selector(selector, window_s=spec.window_s, max_batch_tokens=spec.max_batch_tokens)
+        selector = make_selector(selector, window_s=spec.window_s, max_wait_s=spec.max_wait_s,
+                                 max_batch_tokens=spec.max_batch_tokens)
     return AsyncEngine(cost, num_attn, router, token_budget, shares, selector, microbatches=spec.microbatches,
                        order=spec.order, max_queue=spec.max_queue, trace_window=spec.trace_window,
                        prefix_cache_blocks=blocks, colocated=spec.colocated, attention_costs=attention_costs)

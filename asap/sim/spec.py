@@ -28,6 +28,7 @@ class EngineSpec:
     selector: Any = "oldest"                # async expert batching: name or a Selector
     max_batch_tokens: int = 65536
     window_s: float = 0.0
+    max_wait_s: float | None = None         # selector "fullest": its age bound (None: FullestLayer's default)
     microbatches: int | str = 2             # async: per step, or "adaptive"
     colocated: bool = False                 # async: every device an attention replica's (of attention_tp) and an
                                             # expert shard's (1/devices of the experts); no separate expert pool

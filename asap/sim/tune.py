@@ -10,12 +10,12 @@ Configuration spaces (`space`), the knobs an operator of each engine would searc
 - async (ASAP): instances of any size that divides N, attention TP per replica (1 / 4 / 8 / 16), the
         per-replica chunk (4K / 8K / 16K / 32K), the A:E split (the cost model's balance point, and 25% more
         attention replicas, or 20% fewer where memory is full), micro-batch depth 1 / 2 / 3, the same routers, an
-        expert batching window of 0 / 2 / 5 ms; and the co-located layout (every die attention and 1/N of the
-        experts, sync's memory per die).
+        expert batching window of 0 / 2 / 5 ms, the expert selector (oldest or fullest layer first); and the
+        co-located layout (every die attention and 1/N of the experts, sync's memory per die).
 Search, the same rule and budget for both engines (the space is too large to rate-search every candidate):
 1. screen (`_screen`): every primary candidate (TBO on / k=2, queue-aware) is simulated at one rate on a
    short sample, the passing ones again at 1.5x the rate while more than SCREEN_KEEP pass; then the
-   secondary variants (TBO / router / k / expert window) of the best SCREEN_KEEP are screened the same way;
+   secondary variants (TBO / router / k / expert window / selector) of the best SCREEN_KEEP are screened the same way;
 2. the best FINALISTS screened candidates get a coarse rate search (tol COARSE_TOL), the best REFINE of
    them a fine one (tol FINE_TOL).
 A candidate's answer counts only if its search is valid (asap.measure.rate_search: converged, not a burst).
@@ -71,6 +71,8 @@ class EngineConfig:
     wide_tp: int = 8                    # prompts of >= wide_from_tokens (asap.scheduler.length_router)
     wide_from_tokens: int = 32768
     window_s: float = 0.0               # async: the expert side holds a batch up to this long to merge same-layer work
+    selector: str = "oldest"            # async: expert work selection (asap.scheduler.expert_select.SELECTORS)
+    max_wait_s: float | None = None     # async, selector "fullest": its age bound (None: its default)
 
     def sim_kw(self) -> dict:
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
@@ -85,6 +87,10 @@ class EngineConfig:
                 kw.update(colocated=True)
             if self.window_s:
                 kw.update(window_s=self.window_s)
+            if self.selector != "oldest":
+                kw.update(selector=self.selector)
+            if self.max_wait_s is not None:
+                kw.update(max_wait_s=self.max_wait_s)
             if self.wide_replicas:
                 kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp,
                           wide_from_tokens=self.wide_from_tokens)
@@ -98,6 +104,8 @@ class EngineConfig:
     def describe(self, devices: int) -> str:
         return (self._describe(devices) + (f", {self.router} router" if self.router != "queue-aware" else "")
                 + (f", expert window {self.window_s * 1e3:g} ms" if self.window_s else "")
+                + (f", {self.selector} expert batches" if self.selector != "oldest" else "")
+                + (f" (age bound {self.max_wait_s * 1e3:g} ms)" if self.max_wait_s is not None else "")
                 + (", prefix cache" if self.prefix_cache else ""))
 
     def _describe(self, devices: int) -> str:
@@ -132,6 +140,9 @@ MICROBATCHES = (1, 2, 3)                 # async micro-batch depth
 # at different times and the expert side sees one replica's micro-batch at a time (fixed 4K on 32 co-located
 # dies: ~2.4K tokens per batch against sync's ~40K per all-to-all), which reloads the expert weights per batch
 WINDOWS = (0.002, 0.005)
+# async expert work selection: oldest first, or the fullest layer first (asap.scheduler.expert_select.FullestLayer:
+# when work queues up, the most items per expert weight read; fixed 4K on 32 dies, A=17 + E=15: 27.5 -> 31 req/s)
+SELECTORS = ("oldest", "fullest")
 
 
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
@@ -160,7 +171,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
     async also its A:E split (the cost model's balance point, and 25% more replicas, or 20% fewer where
     memory is full). Secondary knobs (full=True): sync two-batch overlap off and the round-robin router;
-    async micro-batch depth 1 / 3, the round-robin router and an expert batching window of 2 / 5 ms. The first candidate of each engine is its
+    async micro-batch depth 1 / 3, the round-robin router, an expert batching window of 2 / 5 ms and the fullest-layer
+    expert selector. The first candidate of each engine is its
     default (TBO on / k=2, queue-aware)."""
     cfg, hw = get_model(model), get_hardware(hardware)
     if engine not in ("sync", "async"):
@@ -212,12 +224,13 @@ def _sync_memory_tps(tps, size: int, cfg, hw) -> list[int]:
 
 def secondary(c: EngineConfig) -> list[EngineConfig]:
     """The variants of a primary candidate in its secondary knobs (sync: TBO, router; async: micro-batch depth,
-    router, expert window)."""
+    router, expert window, expert selector)."""
     rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router]
     if c.engine == "sync":
         return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap)] + rr
     return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr \
-        + [dataclasses.replace(c, window_s=w) for w in WINDOWS if w != c.window_s]
+        + [dataclasses.replace(c, window_s=w) for w in WINDOWS if w != c.window_s] \
+        + [dataclasses.replace(c, selector=s) for s in SELECTORS if s != c.selector]
 
 
 @dataclass
