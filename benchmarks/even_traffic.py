@@ -1,0 +1,60 @@
+"""SIMULATED: fine rate searches of hand-picked configurations on even traffic (fixed prompt lengths).
+
+On fixed-length Poisson traffic the tuner's screening sample cannot rank candidates (both engines pass at
+its burst limit), so issue 24's even-traffic rows come from this: each configuration alone, the first
+`--num-requests` requests of the workload with the SLO 2 s + 1 ms/token, a valid-or-not rate search
+(asap.sim.headline.rate_at) with a 2% tolerance. The default configurations are the ones an operator
+would try there: sync DP x TP1 with 4K / 8K chunks, and async separate pools around the balance point
+with 16K chunks, k=3 and the fullest-layer expert selector, plus the old default (A=19, k=2, oldest).
+They are hand-picked, not a full tune of either space: read the ratio as indicative.
+
+    python benchmarks/even_traffic.py --workload fixed-4k --devices 32 --lo 25 [--config '{"engine": ...}' ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from asap.sim.headline import rate_at
+from asap.sim.tune import EngineConfig
+from asap.workload.presets import workload_requests
+from asap.workload.slo import parse_slo
+
+DEFAULTS = [dict(engine="sync", token_budget=4096), dict(engine="sync", token_budget=8192)] + [
+    dict(engine="async", token_budget=16384, attention_workers=a, selector="fullest", microbatches=3)
+    for a in (17, 18, 19)] + [dict(engine="async", token_budget=16384, attention_workers=19)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="fixed-4k", help="a name of asap.workload.presets (default fixed-4k)")
+    p.add_argument("--devices", type=int, default=32)
+    p.add_argument("--num-requests", type=int, default=2500)
+    p.add_argument("--lo", type=float, default=10.0, help="the rate search's first rate (req/s)")
+    p.add_argument("--slo", default="2s+1ms/tok")
+    p.add_argument("--tol", type=float, default=0.02, help="the rate search's relative tolerance")
+    p.add_argument("--config", action="append", default=None,
+                   help="an asap.sim.tune.EngineConfig as JSON (repeatable; default: the hand-picked set)")
+    args = p.parse_args(argv)
+    configs = [json.loads(c) for c in args.config] if args.config else DEFAULTS
+    reqs = parse_slo(args.slo).apply(workload_requests(args.workload, args.num_requests))
+    best: dict[str, tuple[float, str]] = {}
+    for kw in configs:
+        c, t = EngineConfig(**kw), time.time()
+        r = rate_at(reqs, c, args.devices, "deepseek-v3", "cloudmatrix384", lo=args.lo, tol=args.tol)
+        rate = r.get("max_slo_rate") if r.get("valid") else None
+        shown = f"{rate:.2f} req/s" if rate is not None else f"no valid search ({r.get('reason')})"
+        print(f"[SIMULATED] {args.workload}, {args.devices} dies: {c.describe(args.devices)}: {shown} "
+              f"({time.time() - t:.0f} s)", flush=True)
+        if rate is not None and rate > best.get(c.engine, (0.0, ""))[0]:
+            best[c.engine] = (rate, c.describe(args.devices))
+    if "sync" in best and "async" in best:
+        print(f"[SIMULATED] best async / best sync of these: {best['async'][0] / best['sync'][0]:.3f}x "
+              f"({best['async'][1]} against {best['sync'][1]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
