@@ -69,3 +69,15 @@ def test_sim_target_runs_the_mapped_engine():
     t = sim_target("async", "tiny-deepseek-v3", rt, 2)
     res = t.run([Request(i, 100 + 50 * i, arrival=0.01 * i) for i in range(4)])
     assert "SIMULATED" in t.label and all(r.ttft is not None and r.ttft > 0 for r in res)
+
+
+def test_the_fullest_selectors_age_bound_has_one_default_and_reaches_the_demos_runtime():
+    from asap.demo.emulated import runtime_for
+    from asap.demo.settings import QUICK
+    from asap.scheduler.expert_select import FullestLayer
+    from asap.sim.tune import EngineConfig
+    assert RuntimeConfig().expert_max_wait_ms == pytest.approx(FullestLayer().max_wait_s * 1e3)
+    c = EngineConfig("async", 1, 4096, attention_workers=2, selector="fullest", max_wait_s=0.005)
+    rt = runtime_for(c, QUICK, devices=18)
+    assert rt.selector == "fullest" and rt.expert_max_wait_ms == pytest.approx(5.0)
+    assert engine_spec(rt, "async").max_wait_s == pytest.approx(0.005)

@@ -43,7 +43,15 @@ def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=workers,
                          devices=devices if colocated else c.attention_workers * tp + workers,
                          microbatches=2 if adaptive else int(c.microbatches), adaptive_depth=adaptive,
-                         colocated=colocated, aggregation_window_ms=getattr(c, "window_s", 0.0) * 1e3, **common)
+                         colocated=colocated, aggregation_window_ms=getattr(c, "window_s", 0.0) * 1e3,
+                         selector=getattr(c, "selector", "oldest"), **_max_wait(c), **common)
+
+
+def _max_wait(c) -> dict:
+    """The fullest selector's age bound, where the tuned configuration sets one (else the runtime's default,
+    the same as the simulator's)."""
+    wait = getattr(c, "max_wait_s", None)
+    return {} if wait is None else {"expert_max_wait_ms": wait * 1e3}
 
 
 def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:

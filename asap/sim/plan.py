@@ -150,7 +150,7 @@ def plan(requests: list[Request], devices: int, model="deepseek-v3", hardware="c
     sync = None
     if with_sync:
         sync_kw = {k: v for k, v in sim_kw.items() if k not in ("microbatches", "selector", "window_s",
-                                                                "max_batch_tokens")}
+                                                                "max_wait_s", "max_batch_tokens")}
         found = find_max_rate(rate_measure(sim, requests, "sync", model, hardware, devices, **sync_kw),
                               target=target, lo=start_rate(sim, requests, "sync", model, hardware, devices,
                                                            **sync_kw), tol=tol)
