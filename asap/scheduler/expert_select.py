@@ -4,9 +4,11 @@ A work item is one (attention replica, layer, micro-batch) dispatch. A selector
 picks a primary item by its rule, then merges other ready items of the SAME
 layer (any replica) into one batch, in the same rule order, while the batch
 stays within `max_batch_tokens` (the primary always runs, even if larger).
+`FullestLayer` picks the layer first (the most ready tokens, unless one has waited
+past its age bound), then merges that layer's items oldest first.
 `select` over a list costs O(n log n) in the number of ready items; the simulator
 keeps its ready items in a `ReadyQueue` instead (`ready_queue`), which makes the
-same choices in O(log n) per item taken.
+same choices in O(log n) per item taken (plus O(layers) per batch for FullestLayer).
 """
 from __future__ import annotations
 
@@ -209,6 +211,8 @@ class ReadyQueue:
     (a list keeps arrival order as items leave), so the heap key (rank, seq) is select's (rank, index) and
     every choice, ties included, is the same. One heap per layer holds that layer's items; a heap of all
     keys finds the primary, skipping the entries of items that left as merged ones when they surface.
+    For a FullestLayer the primary is found instead by a scan of the layers' heap tops and their queued
+    token counts.
     """
 
     def __init__(self, selector: "_RuleSelector", window_s: float | None = None):
