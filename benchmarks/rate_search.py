@@ -1,14 +1,15 @@
-"""SIMULATED: fine rate searches of hand-picked configurations on even traffic (fixed prompt lengths).
+"""SIMULATED: fine rate searches of hand-picked configurations, side by side on one workload.
 
-On fixed-length Poisson traffic the tuner's screening sample cannot rank candidates (both engines pass at
-its burst limit), so issue 24's even-traffic rows come from this: each configuration alone, the first
-`--num-requests` requests of the workload with the SLO 2 s + 1 ms/token, a valid-or-not rate search
-(asap.sim.headline.rate_at) with a 2% tolerance. The default configurations are the ones an operator
-would try there: sync DP x TP1 with 4K / 8K chunks, and async separate pools around the balance point
-with 16K chunks, k=3 and the fullest-layer expert selector, plus the old default (A=19, k=2, oldest).
-They are hand-picked, not a full tune of either space: read the ratio as indicative.
+Where the tuner's screening sample cannot rank candidates (on fixed-length Poisson traffic both engines
+pass at its burst limit), or to compare a few configurations more finely than its search does, this runs
+each configuration alone: the first `--num-requests` requests of the workload with the SLO (default
+2 s + 1 ms/token), a valid-or-not rate search (asap.sim.headline.rate_at) with a 2% tolerance. The
+default configurations are the ones an operator would try on even traffic: sync DP x TP1 with 4K / 8K
+chunks, and async separate pools around the balance point with 16K chunks, k=3 and the fullest-layer
+expert selector, plus the old default (A=19, k=2, oldest). Hand-picked, not a full tune of either space:
+read a ratio as indicative.
 
-    python benchmarks/even_traffic.py --workload fixed-4k --devices 32 --lo 25 [--config '{"engine": ...}' ...]
+    python benchmarks/rate_search.py --workload fixed-4k --devices 32 --lo 25 [--config '{"engine": ...}' ...]
 """
 from __future__ import annotations
 
