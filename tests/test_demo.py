@@ -24,6 +24,15 @@ def test_the_shipped_tuning_covers_the_demo_so_it_never_tunes_live():
             assert all(entry[e]["config"]["instances"] == 1 for e in ("sync", "async"))
 
 
+def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():
+    from asap.demo.tuning import _code
+    a = '"""module doc"""\nclass C:\n    """doc"""\n    def f(self):\n        """doc"""\n        return 1  # note\n'
+    b = 'class C:\n    def f(self):\n        return 1\n'
+    assert _code(a) == _code(b)
+    assert _code(b) != _code(b.replace("return 1", "return 2"))
+    assert _code('def g():\n    """only a docstring"""\n') != _code('def g():\n    return None\n')
+
+
 def test_verdicts_follow_the_numbers():
     a = {"slo_attainment": 0.95, "ttft_p90_ms": 500.0}
     s = {"slo_attainment": 0.40, "ttft_p90_ms": 2000.0}

@@ -17,6 +17,7 @@ case), its entry holds that candidate and the rate as a lower bound, and the dem
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import json
@@ -45,15 +46,28 @@ NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.p
 
 
 def fingerprint() -> str:
-    """A hash of the sources the tuner's answer depends on: cost model, simulator, policies, rate search."""
+    """A hash of the code the tuner's answer depends on: cost model, simulator, policies, rate search. It
+    hashes each file's syntax tree without its docstrings (comments never reach the tree), so an edit to
+    the documentation alone does not make the stored tuning stale; any change to the code does."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for sub in ("cost", "pipeline", "sim", "scheduler", "measure"):
         for f in sorted((root / sub).rglob("*.py")):
             if sub == "sim" and f.name in NOT_SIMULATION:
                 continue
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + _code(f.read_text()).encode() + b"\0")
     return h.hexdigest()[:12]
+
+
+def _code(source: str) -> str:
+    """The source's syntax tree without docstrings (module, class and function), as text."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
