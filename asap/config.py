@@ -89,6 +89,11 @@ class RuntimeConfig:
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s must be at least 2 x heartbeat_interval_s")
 
+    @property
+    def expert_max_wait_s(self) -> float | None:
+        """The fullest selector's age bound in seconds; None for the other selectors, which have none."""
+        return self.expert_max_wait_ms / 1000 if self.selector == "fullest" else None
+
     def _check_colocated(self):
         devices = self.attention_workers * self.attention_tp
         if self.expert_workers != devices:

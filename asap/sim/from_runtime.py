@@ -59,5 +59,5 @@ def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", device
                       attention_workers=runtime.attention_workers, selector=runtime.selector,
                       microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                       window_s=runtime.aggregation_window_ms / 1000,
-                      max_wait_s=runtime.expert_max_wait_ms / 1000 if runtime.selector == "fullest" else None,
+                      max_wait_s=runtime.expert_max_wait_s,
                       max_batch_tokens=expert_batch_cap(runtime.token_budget), **common)

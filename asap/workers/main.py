@@ -163,7 +163,7 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             from asap.pipeline.depth import expert_batch_cap
             from asap.workers.async_loop import expert_loop
             sel = make_selector(rt.selector, max_batch_tokens=expert_batch_cap(rt.token_budget),   # as the simulator
-                                max_wait_s=rt.expert_max_wait_ms / 1000 if rt.selector == "fullest" else None)
+                                max_wait_s=rt.expert_max_wait_s)
             if rt.aggregation_window_ms > 0:
                 sel = AggregationWindow(sel, rt.aggregation_window_ms / 1000)
             expert_loop(ctx, compute, transport, sel, emulation)
