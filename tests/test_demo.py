@@ -10,22 +10,45 @@ import pytest
 from asap.cli import main
 from asap.demo.real import compare
 from asap.demo.report import compare as verdict
-from asap.demo.tuning import TUNED, key
+from asap.demo.tuning import TUNED, headline_key, key
 from asap.demo.settings import FULL, QUICK
 
 
 def test_the_shipped_tuning_covers_the_demo_so_it_never_tunes_live():
     table = json.loads(TUNED.read_text())
-    for s, devices, emulatable in ((FULL, FULL.devices, True), (QUICK, QUICK.devices, True),
-                                   (FULL, FULL.sim_devices, False)):
-        entry = table[key(s, devices, emulatable)]
+    for k in (key(FULL, FULL.devices, True), key(QUICK, QUICK.devices, True), headline_key(FULL), headline_key(QUICK)):
+        entry = table[k]
         assert entry["sync"]["config"]["engine"] == "sync" and entry["async"]["config"]["engine"] == "async"
-        if emulatable:      # the runtime emulates attention TP but runs one instance
+        if k.endswith("/emulatable"):       # the runtime emulates attention TP but runs one instance
             assert all(entry[e]["config"]["instances"] == 1 for e in ("sync", "async"))
 
 
+def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_code(tmp_path, monkeypatch, capsys):
+    import asap.demo.tuning as tuning
+    from asap.sim.code_version import fingerprint
+    table = tmp_path / "tuned.json"
+    monkeypatch.setattr(tuning, "TUNED", table)
+
+    def engine(e, rate):
+        return {"config": {"engine": e}, "describe": e, "max_slo_rate": rate, "num_requests": 375, "num_sims": 9,
+                "num_screened": 4, "every_bucket": {"max_slo_rate": rate / 2}}
+    doc = {"model": FULL.model, "hardware": FULL.hardware, "slo": FULL.sim_slo, "num_requests": 1500,
+           "code_fingerprint": fingerprint(), "rows": [{"workload": FULL.sim_workload, "devices": FULL.sim_devices,
+                                                       "sync": engine("sync", 1.5), "async": engine("async", 2.0)}]}
+    for change, why in (({"code_fingerprint": "0" * 12}, "other simulation code"), ({"slo": "5s"}, "demo's case"),
+                        ({"rows": []}, "no conversation row")):
+        (tmp_path / "h.json").write_text(json.dumps({**doc, **change}))
+        assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 2
+        assert why in capsys.readouterr().err and not table.exists()
+    (tmp_path / "h.json").write_text(json.dumps(doc))
+    assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 0
+    entry = json.loads(table.read_text())[headline_key(FULL)]
+    assert entry["sync"]["max_slo_rate"] == 1.5 and entry["async"]["every_bucket_rate"] == 1.0
+    assert entry["fingerprint"] == fingerprint()
+
+
 def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():
-    from asap.demo.tuning import _code
+    from asap.sim.code_version import code_text as _code
     a = '"""module doc"""\nclass C:\n    """doc"""\n    def f(self):\n        """doc"""\n        return 1  # note\n'
     b = 'class C:\n    def f(self):\n        return 1\n'
     assert _code(a) == _code(b)
@@ -61,7 +84,7 @@ def test_quick_demo_tells_the_three_part_story_and_writes_json(tmp_path, capsys)
     captured = capsys.readouterr()
     stdout = captured.out
     heads = ["1. REAL: exactness on this CPU", f"2. EMULATED: DeepSeek-V3 on {QUICK.devices}",
-             f"3. SIMULATED: the same workload on {QUICK.sim_devices} dies", "SUMMARY"]
+             f"3. SIMULATED: the emulated run replayed, and the headline case on {QUICK.sim_devices} dies", "SUMMARY"]
     positions = [stdout.index(h) for h in heads]
     assert positions == sorted(positions)
     assert "verdict: EXACT" in stdout and "NOT EXACT" not in stdout
@@ -147,7 +170,7 @@ def _run(async_att=1.0, sync_att=1.0, flagged=None, tuned=(10.0, 10.0), source="
                 "tuned": t, "tuned_source": source,
                 "engines": {"async": {"summary": {"slo_attainment": async_att}},
                             "sync": {"summary": {"slo_attainment": sync_att}}}}
-    simulated = {"devices": 384, "tuned": t, "tuned_source": source,
+    simulated = {"devices": 32, "tuned": t, "tuned_source": source,
                  "runs": [{"rate": r, "engines": {"async": {"slo_attainment": a}, "sync": {"slo_attainment": b}}}
                           for r, a, b in live]}
     return emulated, simulated
@@ -165,6 +188,29 @@ def test_the_summary_explains_only_what_the_run_showed():
     assert "at least" in lose and "expert pool" in lose                     # the computed why, from the configs
     stale = "\n".join(verdict_lines(*_run(tuned=(20.0, 10.0), source="STALE")))
     assert not re.search(r"\b(a?sync) ahead", stale)                                       # a stale tuning ranks nothing
+
+
+def test_the_summary_names_the_prompts_that_pay_from_the_live_buckets():
+    from asap.demo.report import summary_lines, verdict_lines
+    def engine(att, short):
+        return {"slo_attainment": att, "buckets": {"<4K": {"slo_attainment": short}, "4-16K": {"slo_attainment": 1.0},
+                                                    ">64K": {"slo_attainment": None}}}
+    emulated, simulated = _run(live=[(1.5, 0.98, 0.88)], flagged="loaded")
+    simulated["runs"][0]["engines"] = {"async": engine(0.98, 0.93), "sync": engine(0.88, 0.66)}
+    why = "\n".join(verdict_lines(emulated, simulated))
+    assert "at 1.5 req/s on 32 dies the prompts that pay are the <4K-token ones: 66% within SLO on sync, 93% on async" \
+        in why
+    simulated["runs"][0]["engines"]["sync"] = engine(0.91, 0.66)        # sync holds 90% overall: no lead, no why
+    assert "prompts that pay" not in "\n".join(verdict_lines(emulated, simulated))
+    for e, rate in (("sync", 0.5), ("async", 2.0)):
+        simulated["tuned"][e]["every_bucket_rate"] = rate
+    emulated["engines"] = {k: dict(v, stall_fraction=0.1) for k, v in emulated["engines"].items()}
+    simulated["emulated_check"] = {"engines": {k: {"slo_attainment": 1.0} for k in ("sync", "async")}}
+    line = next(x for x in summary_lines({"model": "m", "exact": True}, emulated, simulated) if x.startswith("SIMULATED"))
+    assert "every prompt-length bucket, async 2.00 vs sync 0.50 req/s (4.00x)" in line
+    simulated["tuned_source"] = "STALE"
+    line = next(x for x in summary_lines({"model": "m", "exact": True}, emulated, simulated) if x.startswith("SIMULATED"))
+    assert "every prompt-length bucket" not in line
 
 
 def test_flagged_emulated_figures_give_no_verdict():

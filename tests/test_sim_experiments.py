@@ -53,6 +53,8 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     assert "[SIMULATED]" in printed and "wall time" in printed
     data = json.loads((tmp_path / "headline.json").read_text())
     assert data["label"] == "SIMULATED" and [r["devices"] for r in data["rows"]] == [4, 8]
+    from asap.sim.code_version import fingerprint       # a stored copy can tell whether it is current
+    assert data["code_fingerprint"] == fingerprint() and data["num_requests"] == 120
     assert all(out["rows"][0][e]["max_slo_rate"] for e in ("sync", "async"))
     for row in out["rows"]:
         # an engine whose best outruns the 120 requests (8 one-die sync instances on a 5 ms SLO) has no

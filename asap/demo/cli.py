@@ -1,4 +1,4 @@
-"""`asap demo`: REAL exactness, an EMULATED 24-device DeepSeek-V3 cluster, the SIMULATED 384-die result.
+"""`asap demo`: REAL exactness, an EMULATED 24-device DeepSeek-V3 cluster, the SIMULATED headline case.
 
 3-5 minutes on two cores (measured with other jobs running: 3.5 and 5 min; `--quick`, for tests:
 2.3-3.6 min); progress goes to stderr.
@@ -35,8 +35,8 @@ def register(sub):
     p.add_argument("--out", default="asap-demo-out", help="directory for demo.json and the plots")
     p.add_argument("--quick", action="store_true", help="fewer devices and requests (for tests; 2-4 minutes)")
     p.add_argument("--retune", action="store_true",
-                   help="rerun the configuration search (asap/demo/tuning.py, minutes) instead of reading "
-                        "asap/demo/tuned.json")
+                   help="rerun the emulated cluster's configuration search (asap/demo/tuning.py, 10-25 minutes) "
+                        "instead of reading asap/demo/tuned.json (the headline case's: python -m asap.demo.tuning)")
     p.set_defaults(func=run)
 
 
@@ -89,8 +89,9 @@ def _run(args) -> int:
     emulated, runs = run_emulated(s, log, args.retune)
     section(f"2. EMULATED: DeepSeek-V3 on {s.devices} CloudMatrix384-like dies, async vs sync", format_emulated(emulated))
 
-    simulated = run_simulated(s, emulated, log, args.retune)
-    section(f"3. SIMULATED: the same workload on {s.sim_devices} dies", format_simulated(simulated, emulated))
+    simulated = run_simulated(s, emulated, log)
+    section(f"3. SIMULATED: the emulated run replayed, and the headline case on {s.sim_devices} dies",
+            format_simulated(simulated, emulated))
 
     section("SUMMARY", summary_lines(real, emulated, simulated))
 

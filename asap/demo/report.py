@@ -24,7 +24,9 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
     chk = simulated["emulated_check"]["engines"]
     gap = max(abs(chk[k]["slo_attainment"] - e[k]["summary"]["slo_attainment"]) for k in chk)
     stall = {k: v["stall_fraction"] for k, v in e.items()}
-    scale = _throughput(simulated["tuned"], simulated.get("tuned_source", ""), simulated.get("runs"))
+    scale = _throughput(simulated["tuned"], simulated.get("tuned_source", ""), simulated.get("runs")) \
+        if simulated.get("tuned") else "no tuning is stored for it (" + simulated.get("tuned_source", "") + ")"
+    every = _every_bucket(simulated)
     emulated_verdict = ("not judged: the figures are FLAGGED (" + emulated["flag"] + ")" if emulated.get("flag")
                         else compare("", e["sync"]["summary"], e["async"]["summary"]).lstrip(": "))
     return [
@@ -39,7 +41,8 @@ def summary_lines(real: dict, emulated: dict, simulated: dict) -> list[str]:
         f"{emulated['devices']} dies (SIMULATED by the tuner) "
         f"{_throughput(emulated['tuned'], emulated.get('tuned_source', ''))}",
         f"SIMULATED (discrete-event simulator, same cost model, not measured): replaying the emulated run it gives "
-        f"SLO attainments {gap * 100:.0f} points or less from the emulation's; on {simulated['devices']} dies, {scale}",
+        f"SLO attainments {gap * 100:.0f} points or less from the emulation's; on the headline case (Mooncake "
+        f"{simulated.get('workload', 'conversation')} trace, {simulated['devices']} dies), {scale}{every}",
         *verdict_lines(emulated, simulated),
         "Caveats: emulated and simulated figures depend on the cost model (asap/cost); the REAL part checks "
         "exactness, not speed (on two CPU cores the engines are close).",
@@ -56,8 +59,9 @@ def leads(emulated: dict, simulated: dict) -> list[tuple[str, str | None, int]]:
                                                               e["sync"]["summary"]["slo_attainment"]), n))
     out.append((f"the tuned throughputs on {n} dies (SIMULATED)",
                 _tuned_lead(emulated["tuned"], emulated.get("tuned_source", "")), n))
-    out.append((f"the tuned throughputs on {big} dies (SIMULATED)",
-                _tuned_lead(simulated["tuned"], simulated.get("tuned_source", "")), big))
+    if simulated.get("tuned"):
+        out.append((f"the tuned throughputs on {big} dies (SIMULATED)",
+                    _tuned_lead(simulated["tuned"], simulated.get("tuned_source", "")), big))
     for r in simulated.get("runs", []):
         a, s = (r["engines"][k]["slo_attainment"] for k in ("async", "sync"))
         holds = {k: v >= TARGET for k, v in (("async", a), ("sync", s))}
@@ -77,7 +81,8 @@ def verdict_lines(emulated: dict, simulated: dict) -> list[str]:
     if by["async"]:
         lines.append("Why async can lead: sync starts a step only when every rank does, and each MoE layer ends in "
                      "an all-to-all every rank must reach, so a short prompt waits for the longest chunk in flight "
-                     "anywhere; async replicas run at their own pace and expert workers serve whatever is ready.")
+                     "anywhere; async replicas run at their own pace and expert workers serve whatever is ready."
+                     + _who_pays(simulated))
     if by["sync"]:
         lines.append("Where sync leads, the layouts differ: " + _why_sync(emulated, simulated,
                                                                    {n for _, who, n in found if who == "sync"}))
@@ -95,6 +100,8 @@ def _why_sync(emulated: dict, simulated: dict, sizes: set[int]) -> str:
     need = min_expert_workers(get_model(emulated["model"]), get_hardware(emulated["hardware"]))
     parts = []
     for n, tuned in ((emulated["devices"], emulated["tuned"]), (simulated["devices"], simulated["tuned"])):
+        if not tuned:
+            continue
         a, s = tuned["async"]["config"], tuned["sync"]["config"]
         if n not in sizes or a.get("attention_workers") is None or a.get("colocated"):   # not led there, a layout
             continue                                # not spelled out, or no expert pool (co-located)
@@ -154,3 +161,29 @@ def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
                 + (f"sync ahead, async <= {ra / rs:.2f}x" if bs else f"async >= {ra / rs:.2f}x"))
     return (f"the SLO-compliant throughput of each engine's best configuration is async {ra:.1f} vs sync "
             f"{rs:.1f} req/s: " + (f"async {ra / rs:.2f}x" if ra >= rs else f"sync ahead, async {ra / rs:.2f}x"))
+
+
+def _every_bucket(simulated: dict) -> str:
+    """The stored rates under ">= 90% in every prompt-length bucket", where both are stored and current."""
+    tuned = simulated.get("tuned") or {}
+    rs, ra = ((tuned.get(e) or {}).get("every_bucket_rate") for e in ("sync", "async"))
+    if not (rs and ra) or "STALE" in simulated.get("tuned_source", ""):
+        return ""
+    return (f"; held to >= 90% in every prompt-length bucket, async {ra:.2f} vs sync {rs:.2f} req/s "
+            f"({ra / rs:.2f}x)")
+
+
+def _who_pays(simulated: dict) -> str:
+    """Which prompts miss in the live run where async holds and sync does not (computed from that run)."""
+    for r in simulated.get("runs", []):
+        a, s = r["engines"]["async"], r["engines"]["sync"]
+        if not (a["slo_attainment"] >= TARGET > s["slo_attainment"]) or "buckets" not in s:
+            continue
+        gaps = [(ba["slo_attainment"] - bs["slo_attainment"], k, bs["slo_attainment"], ba["slo_attainment"])
+                for k, bs in s["buckets"].items() if (ba := a["buckets"][k])["slo_attainment"] is not None
+                and bs["slo_attainment"] is not None]
+        if gaps:
+            _, k, bs, ba = max(gaps)
+            return (f" In the live run at {r['rate']:g} req/s on {simulated['devices']} dies the prompts that pay are "
+                    f"the {k}-token ones: {bs:.0%} within SLO on sync, {ba:.0%} on async.")
+    return ""

@@ -1,6 +1,10 @@
-"""What the demo runs: one frozen config per mode, and the workload both EMULATED and SIMULATED use.
+"""What the demo runs: one frozen config per mode, and the workloads.
 
-The workload: prompt lengths of the Mooncake conversation trace shipped in the package (x1/8,
+The SIMULATED headline case is the project's: the Mooncake conversation trace (the shipped sample's
+first requests, their own bursty arrivals rescaled to each rate) on 32 dies, SLO 2 s + 1 ms per prompt
+token, as in `asap sim headline`.
+
+The demo's own workload (EMULATED, and the tuned rates on the emulated cluster's size): prompt lengths of the Mooncake conversation trace shipped in the package (x1/8,
 clipped to 8K tokens, mean ~1.4K) with Poisson arrivals (the trace's own arrivals come in bursts of
 requests sharing one timestamp; lengths are what we take from it). The SLO is the simulator's rule
 (asap.sim.experiments.with_slo): a request must see its first token within 5x the time a prompt of
@@ -27,9 +31,9 @@ class DemoSettings:
     num_requests: int
     rate: float                         # req/s, in emulated-hardware time
     dilation: float                     # emulated time runs this many times slower than the wall clock
-    # SIMULATED: the same workload at cluster scale
+    # SIMULATED: the headline case (asap sim headline's row), both engines live at both maxima
     sim_devices: int
-    sim_requests: int
+    sim_requests: int                   # the first requests of the trace, in each live run
     # shared
     model: str = "deepseek-v3"
     hardware: str = "cloudmatrix384"
@@ -39,17 +43,14 @@ class DemoSettings:
     slo_scale: float = 5.0
     slo_floor_tokens: int = 1024
     seed: int = 0
-
-    @property
-    def sim_rate(self) -> float:
-        """The SIMULATED rate: the emulated load per device, on sim_devices."""
-        return self.rate * self.sim_devices / self.devices
+    sim_workload: str = "conversation"
+    sim_slo: str = "2s+1ms/tok"
 
 
 FULL = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 7, 64, 333, 900, 2048), real_token_budget=512,
-                    devices=24, num_requests=24, rate=6.0, dilation=8.0, sim_devices=384, sim_requests=1200)
+                    devices=24, num_requests=24, rate=6.0, dilation=8.0, sim_devices=32, sim_requests=750)
 QUICK = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 130, 700), real_token_budget=256,
-                     devices=18, num_requests=10, rate=6.0, dilation=3.0, sim_devices=384, sim_requests=120)
+                     devices=18, num_requests=10, rate=6.0, dilation=3.0, sim_devices=32, sim_requests=375)
 
 
 def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float, trace=None,
@@ -63,3 +64,10 @@ def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float,
                  with_prompts=False, loop=loop)
     return with_slo(w.build(), s.slo_scale, s.slo_floor_tokens, model=s.model, hardware=s.hardware,
                     devices=devices)
+
+
+def headline_requests(s: DemoSettings, num_requests: int) -> list[Request]:
+    """The headline case's first `num_requests` requests with their deadlines (arrivals at 1 req/s: rescale)."""
+    from asap.workload.presets import workload_requests
+    from asap.workload.slo import parse_slo
+    return parse_slo(s.sim_slo).apply(workload_requests(s.sim_workload, num_requests))

@@ -1,25 +1,30 @@
-"""The best-tuned configuration of each engine for the demo's workload, from asap.sim.tune.
+"""Each engine's best-tuned configuration for the demo's two SIMULATED comparisons, stored offline.
 
-The tuner (the search behind `asap plan`'s best_configs) simulates every candidate configuration of an
-engine with a rate search each, on enough requests that the highest passing rate is a steady state
-and not a burst absorbed: minutes of simulation, too long for a 3-minute demo. So it runs offline,
+- The demo's own workload on its emulated cluster (24 dies; 18 with --quick): asap.sim.tune over each
+  engine's emulatable space (one instance).
+- The headline case: the Mooncake conversation trace on 32 dies, the 32-die row of `asap sim headline`
+  (each engine's whole space, the same search and budget).
 
-    python -m asap.demo.tuning          # rewrites asap/demo/tuned.json (~10 min on two cores)
+Both searches simulate every candidate with a rate search on enough requests that the highest passing rate
+is a steady state and not a burst absorbed: minutes of simulation, too long for a 3-minute demo. So they
+run offline,
 
-and `asap demo` reads the result (`asap demo --retune` reruns it first). Keys name what the search
-depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
-configurations were allowed), so a changed setting is never served another's entry (without an entry
-the demo falls back to the analytic split, and says so). Each entry also records a fingerprint of the
-code the result depends on (asap/cost, asap/pipeline, asap/sim, asap/scheduler, asap/measure); when that code has changed since,
-the demo says the tuning is stale, and the live simulations it prints show by how much. Where an
-engine's best candidate still passes at the highest rate the sample can certify (asap.sim.tune's no-best
-case), its entry holds that candidate and the rate as a lower bound, and the demo says so.
+    python -m asap.demo.tuning [--devices 24 18 32] [--jobs 2]     # rewrites asap/demo/tuned.json
+    python -m asap.demo.tuning --from-headline out/headline.json    # the 32-die entry from a headline run
+
+(~40 min for 24 and 18 dies and ~12 min for the headline's 32-die row with --jobs 2 on two cores), and
+`asap demo` reads the result (`asap demo --retune` reruns the emulated cluster's first). Keys name what a
+search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
+configurations were allowed), so a changed setting is never served another's entry (without an entry the
+demo falls back to the analytic split, and says so). Each entry also records the fingerprint of the code
+the result depends on (asap.sim.code_version); when that code has changed since, the demo says the tuning
+is stale and gives no ratio. Where an engine's best candidate still passes at the highest rate the sample
+can certify (asap.sim.tune's no-best case), its entry holds that candidate and the rate as a lower bound,
+and the demo says so.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
-import hashlib
 import json
 import sys
 import time
@@ -27,53 +32,21 @@ from pathlib import Path
 
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 from asap.pipeline.plan import token_weighted_length
+from asap.sim.code_version import fingerprint
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
-# ... up to 32 devices. Larger clusters pass the SLO at higher rates, where 1,200 arrivals span less than
-# 10x the SLO (a burst, which the rate search refuses to call a steady state): 3,600 of the 3,658 requests
-# in the shipped sample at 384 devices.
-TUNE_REQUESTS_LARGE = 3600
-
-
-def tune_requests(devices: int) -> int:
-    return TUNE_REQUESTS if devices <= 32 else TUNE_REQUESTS_LARGE
-
-
-# asap/sim files off the simulation path: commands and other studies
-NOT_SIMULATION = {"__main__.py", "cli.py", "headline.py", "plan.py", "validate.py", "profile.py", "calibrate.py", "from_runtime.py",
-                  "trace_export.py", "explain.py", "parallel.py", "kernels.py"}
-
-
-def fingerprint() -> str:
-    """A hash of the code the tuner's answer depends on: cost model, simulator, policies, rate search. It
-    hashes each file's syntax tree without its docstrings (comments never reach the tree), so an edit to
-    the documentation alone does not make the stored tuning stale; any change to the code does."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for sub in ("cost", "pipeline", "sim", "scheduler", "measure"):
-        for f in sorted((root / sub).rglob("*.py")):
-            if sub == "sim" and f.name in NOT_SIMULATION:
-                continue
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + _code(f.read_text()).encode() + b"\0")
-    return h.hexdigest()[:12]
-
-
-def _code(source: str) -> str:
-    """The source's syntax tree without docstrings (module, class and function), as text."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
-                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
-                and isinstance(node.body[0].value.value, str):
-            node.body = node.body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+HEADLINE_REQUESTS = 1500     # the headline's sample (`asap sim headline`'s default --num-requests)
 
 
 def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
     return (f"{s.model}/{s.hardware}/{devices}/x{s.length_scale:g}-max{s.max_tokens}-budget{s.token_budget}/"
-            f"slo{s.slo_scale:g}x-floor{s.slo_floor_tokens}/seed{s.seed}/n{tune_requests(devices)}"
+            f"slo{s.slo_scale:g}x-floor{s.slo_floor_tokens}/seed{s.seed}/n{TUNE_REQUESTS}"
             + ("/emulatable" if emulatable_only else ""))
+
+
+def headline_key(s: DemoSettings) -> str:
+    return f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
 
 
 def emulatable(c) -> bool:
@@ -87,7 +60,7 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool, executor=None
     from asap.sim.parallel import Progress
     from asap.sim.tune import space, tune
     t0, t0_wall, code = time.monotonic(), time.time(), fingerprint()
-    requests = demo_requests(s, devices, tune_requests(devices), rate=1.0)
+    requests = demo_requests(s, devices, TUNE_REQUESTS, rate=1.0)
     prompt_len = token_weighted_length(requests)
     out = {}
     for engine in ("sync", "async"):
@@ -137,46 +110,125 @@ def untuned(s: DemoSettings, devices: int) -> dict:
                 "candidates": 1} for e, c in configs.items()}
 
 
-def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: bool = False) -> dict:
-    """The one call site of the tuner: {"sync": EngineConfig, "async": EngineConfig, "tuning": {...}}."""
-    from asap.sim.tune import EngineConfig
-    k = key(s, devices, emulatable_only)
+def headline_entry(row: dict, code: str, tune_s: float | None = None) -> dict:
+    """A stored entry from a row of `asap sim headline` (its JSON): each engine's best configuration, its
+    SLO-compliant rate and the sample it was certified on, and its rate under ">= 90% in every bucket"."""
+    out = {}
+    for e in ("sync", "async"):
+        r = row[e]
+        if not r.get("config"):
+            raise RuntimeError(f"the headline row has no valid {e} configuration: {r.get('reason')}")
+        out[e] = {"config": r["config"], "describe": r["describe"], "max_slo_rate": r["max_slo_rate"],
+                  "num_requests": r["num_requests"], "num_sims": r["num_sims"], "candidates": r.get("num_screened"),
+                  "every_bucket_rate": (r.get("every_bucket") or {}).get("max_slo_rate")}
+    out["fingerprint"], out["tune_s"] = code, tune_s if tune_s is not None else row.get("wall_s")
+    return out
+
+
+def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
+    """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
+    {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0`)."""
+    from asap.sim.headline import run_headline
+    t0, code = time.monotonic(), fingerprint()
+    out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
+                       model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
+                       verbose=progress, executor=executor)
+    return headline_entry(out["rows"][0], code, time.monotonic() - t0)
+
+
+def from_headline(path: Path, s: DemoSettings) -> dict:
+    """The entry from a headline run's JSON; refused unless it is the demo's case and ran on this code."""
+    doc = json.loads(Path(path).read_text())
+    want = {"model": s.model, "hardware": s.hardware, "slo": s.sim_slo}
+    got = {k: doc.get(k) for k in want}
+    if got != want:
+        raise ValueError(f"{path}: the headline ran {got}, the demo's case is {want}")
+    if doc.get("code_fingerprint") != fingerprint():
+        raise ValueError(f"{path}: the headline ran on other simulation code (fingerprint "
+                         f"{doc.get('code_fingerprint')}, this checkout {fingerprint()}); rerun it")
+    if doc.get("num_requests", HEADLINE_REQUESTS) != HEADLINE_REQUESTS:
+        raise ValueError(f"{path}: the headline sampled {doc['num_requests']} requests, the demo's entry {HEADLINE_REQUESTS}")
+    rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
+    if not rows:
+        raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")
+    return headline_entry(rows[0], doc["code_fingerprint"])
+
+
+def _stored(k: str) -> tuple[dict | None, str]:
     table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
-    entry = None if retune else table.get(k)
-    source = "tuned offline (asap/demo/tuned.json)"
+    entry, source = table.get(k), "tuned offline (asap/demo/tuned.json)"
     if entry is not None and entry.get("fingerprint") != fingerprint():
         source = ("tuned offline on older code: STALE (asap/cost, asap/pipeline, asap/sim, asap/scheduler or "
                   "asap/measure changed since; rerun `python -m asap.demo.tuning`)")
+    return entry, source
+
+
+def _configs(entry: dict, source: str) -> dict:
+    from asap.sim.tune import EngineConfig
+    return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
+            "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source}
+
+
+def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: bool = False) -> dict:
+    """The demo workload's tuning: {"sync": EngineConfig, "async": EngineConfig, "tuning": {...}, "source"}."""
+    entry, source = (None, "") if retune else _stored(key(s, devices, emulatable_only))
     if retune:
         entry, source = tune_now(s, devices, emulatable_only), "tuned just now"
     elif entry is None:
         entry, source = untuned(s, devices), "NOT TUNED (no entry in asap/demo/tuned.json: analytic A:E split and " \
             "sync defaults; run `asap demo --retune`)"
-    return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
-            "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source}
+    return _configs(entry, source)
+
+
+def headline_configs(s: DemoSettings) -> dict | None:
+    """The headline case's stored tuning (as tuned_configs), None where none is stored."""
+    entry, source = _stored(headline_key(s))
+    return None if entry is None else _configs(entry, source)
+
+
+def _store(k: str, entry: dict) -> None:
+    table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}     # re-read: another run may have written
+    table[k] = entry
+    TUNED.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m asap.demo.tuning", description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, nargs="+", default=None,
-                   help="retune only the entries for these device counts (default: every entry the demo reads)")
+                   help=f"retune only the entries for these device counts (default: every entry the demo reads: "
+                        f"{FULL.devices} and {QUICK.devices} for the emulated cluster, {FULL.sim_devices} for the "
+                        f"headline case)")
+    p.add_argument("--from-headline", type=Path, default=None, metavar="JSON",
+                   help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
+                        f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0` run on this code")
     from asap.sim import parallel
     parallel.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
     args = p.parse_args(argv)
+    if args.from_headline is not None:
+        try:
+            entry = from_headline(args.from_headline, FULL)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            print(f"python -m asap.demo.tuning: {e}", file=sys.stderr)
+            return 2
+        _store(headline_key(FULL), entry)
+        print(f"[SIMULATED] stored {headline_key(FULL)}: sync {rate_text(entry['sync'], 3)}, async "
+              f"{rate_text(entry['async'], 3)}", file=sys.stderr)
+        return 0
     executor = parallel.from_args(args)
-    jobs = [(FULL, FULL.devices, True), (FULL, FULL.sim_devices, False), (QUICK, QUICK.devices, True)]
+    jobs = [(FULL, FULL.devices, True), (QUICK, QUICK.devices, True), (FULL, FULL.sim_devices, None)]
     jobs = [j for j in jobs if args.devices is None or j[1] in args.devices]
     if not jobs:
-        p.error(f"no demo entry has {args.devices} devices (the demo tunes {FULL.devices}, {FULL.sim_devices} "
-                f"and {QUICK.devices})")
+        p.error(f"no demo entry has {args.devices} devices (the demo tunes {FULL.devices} and {QUICK.devices}, "
+                f"and the headline case on {FULL.sim_devices})")
     failed = 0
     for s, devices, emulatable_only in jobs:
-        k = key(s, devices, emulatable_only)
+        k = headline_key(s) if emulatable_only is None else key(s, devices, emulatable_only)
         print(f"[SIMULATED] tuning {k} ...", file=sys.stderr, flush=True)
         try:
-            entry = tune_now(s, devices, emulatable_only, executor, progress=not args.quiet)
+            entry = tune_headline(s, executor, progress=not args.quiet) if emulatable_only is None else \
+                tune_now(s, devices, emulatable_only, executor, progress=not args.quiet)
         except RuntimeError as e:       # no best for an engine (e.g. the sample cannot rank its candidates)
             print(f"python -m asap.demo.tuning: {devices} devices: {e}; its entry is left as it was",
                   file=sys.stderr, flush=True)
@@ -186,9 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  sync  {entry['sync']['describe']}: {rate['sync']}\n"
               f"  async {entry['async']['describe']}: {rate['async']} ({entry['tune_s']:.0f} s)",
               file=sys.stderr, flush=True)
-        table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}     # re-read: another run may have written
-        table[k] = entry
-        TUNED.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        _store(k, entry)
     executor.close()
     return 2 if failed else 0
 

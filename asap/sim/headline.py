@@ -24,6 +24,7 @@ from asap.measure.buckets import by_length, format_buckets, min_bucket_attainmen
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
+from asap.sim.code_version import fingerprint
 from asap.sim.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
 from asap.sim.parallel import Progress, Serial
@@ -184,9 +185,10 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             if out_dir is not None:      # partial results survive an interrupted run
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
-                                prefix_cache=prefix_cache)
+                                prefix_cache=prefix_cache, num_requests=num_requests)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
-    out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache)
+    out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
+                   num_requests=num_requests)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -207,9 +209,12 @@ def _tune_engine(job: tuple) -> tuple:
 
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
-             prefix_cache: bool = False) -> dict:
+             prefix_cache: bool = False, num_requests: int | None = None) -> dict:
+    """code_fingerprint: the simulation code the rows ran on (asap.sim.code_version), so a stored copy can
+    tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
+            "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache}
 
 
