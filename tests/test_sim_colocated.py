@@ -1,5 +1,7 @@
 """The co-located async mode of the simulator: every device an attention replica's and an expert shard's,
 joined by the async exchange, expert work first on a device (asap.sim.async_engine)."""
+import dataclasses
+
 import pytest
 
 from asap.scheduler.request import Request
@@ -76,7 +78,7 @@ def test_memory_is_syncs_and_bad_layouts_are_refused():
 
 
 def test_the_tuner_searches_colocated_layouts_within_syncs_memory():
-    cands = [c for c in space("async", 32, full=False) if c.colocated]
+    cands = [c for c in space("async", 32, full=False) if c.colocated and not c.wide_replicas]
     assert {c.attention_tp for c in cands} == {1, 4, 8, 16}
     assert all(c.attention_workers * c.attention_tp * c.instances == 32 for c in cands)
     sync_shapes = {(c.instances, c.attention_tp) for c in space("sync", 32, full=False)}
@@ -99,6 +101,49 @@ def test_a_length_aware_fleet_sends_long_prompts_to_its_wide_replicas():
     assert max(ttft(fleet, short)) < 1.2 * max(ttft(flat, short))
 
 
+def test_a_sync_fleet_is_two_deployments_behind_a_length_proxy():
+    """Sync's fleet: the narrow deployment (DP4 x TP4 on 16 dies) takes the short prompts, the wide one (DP1 x
+    TP16 on the other 16, its own chunk) the long ones; the long ones finish far sooner than on one DP8 x TP4
+    deployment of all 32 dies, and every request is served."""
+    reqs = [Request(id=i, arrival=i * 0.3, num_tokens=70000 if i % 5 == 0 else 3000) for i in range(20)]
+    fleet = run(reqs, "sync", devices=32, attention_tp=4, token_budget=8192, wide_replicas=1, wide_tp=16,
+                wide_token_budget=32768)
+    flat = run(reqs, "sync", devices=32, attention_tp=4, token_budget=8192)
+    assert len(fleet.results) == 20 and all(r.ttft is not None for r in fleet.results)
+    assert fleet.stats["fleet"]["narrow"]["num_requests"] == 16 and fleet.stats["fleet"]["wide"]["num_requests"] == 4
+    long_ids = {r.id for r in reqs if r.num_tokens >= 32768}
+    ttft = lambda res, ids: [r.ttft for r in res.results if r.request_id in ids]
+    assert sum(ttft(fleet, long_ids)) < 0.6 * sum(ttft(flat, long_ids))
+    short = {r.id for r in reqs} - long_ids         # and no short prompt waits at a barrier behind a long one
+    assert max(ttft(fleet, short)) < 0.5 * max(ttft(flat, short))
+
+
+def test_the_sync_proxy_overflows_short_prompts_to_the_wide_deployment_and_never_long_ones_to_the_narrow():
+    from asap.sim.run import split_by_length
+    rates, ranks = (1000.0, 1000.0), (1000.0, 1000.0)          # tokens/s per deployment and per DP group
+    burst = [Request(id=i, arrival=0.0, num_tokens=500, deadline=1.9) for i in range(4)]      # 2 s of narrow work
+    narrow, wide = split_by_length(burst, 1000, rates, ranks)
+    assert [r.id for r in narrow] == [0, 1, 2] and [r.id for r in wide] == [3]     # the 4th would miss: overflow
+    longs = [Request(id=i, arrival=0.0, num_tokens=1500, deadline=3.5) for i in range(3)]
+    narrow, wide = split_by_length(longs, 1000, rates, ranks)
+    assert narrow == [] and len(wide) == 3          # the wide one misses the 3rd, yet none goes to the narrow one
+    narrow, wide = split_by_length([dataclasses.replace(r, deadline=None) for r in burst], 1000, rates, ranks)
+    assert len(narrow) == 4 and wide == []          # no deadline: by length alone
+
+
+def test_the_fleet_shapes_are_the_same_for_both_engines():
+    from asap.sim.tune import FLEET_CHUNK, FLEET_FROM, space
+    for engine in ("sync", "async"):
+        fleets = [c for c in space(engine, 32, full=False) if c.wide_replicas]
+        assert fleets and all(c.wide_replicas * c.wide_tp * c.instances == 16 and c.wide_from_tokens == FLEET_FROM
+                              and c.wide_token_budget == FLEET_CHUNK and c.colocated == (engine == "async")
+                              for c in fleets)
+        # every fleet builds (memory included) and describes its wide group
+        for c in fleets[:3]:
+            EngineSpec(engine, devices=32, **c.sim_kw())
+            assert "for prompts >= 32K" in c.describe(32)
+
+
 def test_length_router_routes_by_length_within_each_group():
     from asap.scheduler.length_router import LengthRouter
     from asap.scheduler.router import ReplicaLoad, make_router
@@ -108,6 +153,25 @@ def test_length_router_routes_by_length_within_each_group():
     assert r.route(Request(id=1, arrival=0.0, num_tokens=1000), loads, 0.0) == 3
     with pytest.raises(ValueError, match="wide replica"):
         LengthRouter(r.narrow, r.wide, set(), 1000)
+
+
+def test_length_router_overflows_to_the_other_group_only_to_meet_a_deadline_its_own_would_miss():
+    from asap.scheduler.length_router import LengthRouter
+    from asap.scheduler.router import ReplicaLoad, make_router
+    cost = lambda queued: sum(n for n, _ in queued) * 1e-3          # 1 ms per token, either group
+    r = LengthRouter(make_router("queue-aware", cost), make_router("queue-aware", cost), {2, 3}, 1000)
+    busy = [ReplicaLoad(0, 1, 0, busy_until=9.0), ReplicaLoad(1, 1, 0, busy_until=8.0),     # narrow: busy to 8 s
+            ReplicaLoad(2, 0, 0, busy_until=0.0), ReplicaLoad(3, 1, 0, busy_until=1.0)]     # wide: free
+    short = lambda deadline: Request(id=0, arrival=0.0, num_tokens=500, deadline=deadline)
+    assert r.route(short(9.0), busy, 0.0) == 1          # its own group meets 9 s (8 + 0.5)
+    assert r.route(short(2.0), busy, 0.0) == 2          # its own misses 2 s, the wide group's best meets it
+    assert r.route(short(0.1), busy, 0.0) == 1          # both miss: it stays in its own group
+    assert r.route(Request(id=1, arrival=0.0, num_tokens=500), busy, 0.0) == 1     # no deadline: by length
+    assert r.num_overflowed == 1
+    by_length = LengthRouter(r.narrow, r.wide, {2, 3}, 1000, overflow=False)
+    assert by_length.route(short(2.0), busy, 0.0) == 1
+    blind = LengthRouter(make_router("least-requests"), make_router("least-requests"), {2, 3}, 1000)
+    assert not blind.overflow and blind.route(short(2.0), busy, 0.0) == 0     # no predictions: by length alone
 
 
 def test_bad_fleets_are_refused():

@@ -50,8 +50,9 @@ def headline_key(s: DemoSettings) -> str:
 
 
 def emulatable(c) -> bool:
-    """What the emulated runtime can run: one instance (attention TP is emulated: one process per group)."""
-    return c.instances == 1
+    """What the emulated runtime can run: one instance (attention TP is emulated: one process per group), not a
+    length-aware fleet (simulator only)."""
+    return c.instances == 1 and not c.wide_replicas
 
 
 def tune_now(s: DemoSettings, devices: int, emulatable_only: bool, executor=None, progress: bool = False) -> dict:

@@ -2,9 +2,13 @@
 fast on long prompts), shorter ones to the narrow replicas (TP1-like: cheap per token, no all-reduce); inside
 each group the group's own router picks, with the group's own cost function.
 
-The split is by the prompt's length alone: a long prompt on a narrow replica holds its queue for a long
+The group is chosen by the prompt's length: a long prompt on a narrow replica holds its queue for a long
 time (a 32K prompt alone takes ~17 s on one CloudMatrix384 die, SIMULATED), and a short one on a wide
-replica pays the all-reduce on few tokens.
+replica pays the all-reduce on few tokens. By length alone, though, the group that saturates first makes
+its prompts miss while the other has room. So where both groups' routers predict finish times
+(QueueAwareRouter.predict) and the request has a deadline, a request whose own group's best replica is
+predicted to miss it overflows to the other group's best, if that one is predicted to meet it
+(`overflow=False`: by length alone).
 """
 from __future__ import annotations
 
@@ -13,16 +17,30 @@ from asap.scheduler.router import ReplicaLoad, Router
 
 
 class LengthRouter:
-    def __init__(self, narrow: Router, wide: Router, wide_ids: "set[int] | frozenset[int]", min_tokens: int):
+    def __init__(self, narrow: Router, wide: Router, wide_ids: "set[int] | frozenset[int]", min_tokens: int,
+                 overflow: bool = True):
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
         if not wide_ids:
             raise ValueError("a length-aware fleet needs at least one wide replica")
         self.narrow, self.wide, self.wide_ids, self.min_tokens = narrow, wide, frozenset(wide_ids), min_tokens
+        self.overflow = overflow and all(hasattr(r, "predict") for r in (narrow, wide))
+        self.num_overflowed = 0
 
     def route(self, req: Request, loads: list[ReplicaLoad], now: float) -> int:
         wide = req.num_tokens >= self.min_tokens
-        group = [l for l in loads if (l.index in self.wide_ids) == wide]
-        if not group:           # every replica is of the other kind
-            group = loads
-        return (self.wide if wide else self.narrow).route(req, group, now)
+        own = [l for l in loads if (l.index in self.wide_ids) == wide]
+        other = [l for l in loads if (l.index in self.wide_ids) != wide]
+        if not own:             # every replica is of the other kind
+            own, other = loads, []
+        mine, theirs = (self.wide, self.narrow) if wide else (self.narrow, self.wide)
+        pick = mine.route(req, own, now)
+        if not self.overflow or req.deadline is None or not other:
+            return pick
+        if mine.predict(req, next(l for l in own if l.index == pick), now) <= req.deadline:
+            return pick
+        alt = theirs.route(req, other, now)
+        if theirs.predict(req, next(l for l in other if l.index == alt), now) <= req.deadline:
+            self.num_overflowed += 1
+            return alt
+        return pick

@@ -117,10 +117,18 @@ class PoolTime:
         return 0.0 if i < 0 else self.before[i] + min(t, self.ends[i]) - self.starts[i]
 
     def stretched(self, start: float, work: float) -> float:
-        """When an attention op of `work` seconds started at `start` ends, given the pool batches so far."""
-        base, end = self.busy_until(start), start + work
+        """When an attention op of `work` seconds started at `start` ends, given the pool batches so far: the
+        fixed point of end = start + work + (pool busy time in [start, end]), iterated from end = start + work.
+        The iterates only grow, so the interval each one falls in is found by walking forward from the last
+        (what `busy_until` would find by bisection, the same floats in the same order: the same answer)."""
+        starts, ends, before = self.starts, self.ends, self.before
+        n, i = len(starts), bisect_right(starts, start) - 1
+        base = 0.0 if i < 0 else before[i] + min(start, ends[i]) - starts[i]
+        end = sw = start + work
         while True:
-            nxt = start + work + self.busy_until(end) - base
+            while i + 1 < n and starts[i + 1] <= end:
+                i += 1
+            nxt = sw + (0.0 if i < 0 else before[i] + min(end, ends[i]) - starts[i]) - base
             if nxt <= end + 1e-12:
                 return end
             end = nxt

@@ -12,15 +12,18 @@ from asap.sim.cost import CostModel
 
 
 class EngineBase:
-    def __init__(self, cost: CostModel, num_replicas: int, router, token_budget: int, order: str = "fcfs",
-                 max_queue: int = 1024, trace_window: tuple[float, float] | None = None):
+    def __init__(self, cost: CostModel, num_replicas: int, router, token_budget: "int | list[int]",
+                 order: str = "fcfs", max_queue: int = 1024, trace_window: tuple[float, float] | None = None):
+        """token_budget: every replica's, or one per replica (a length-aware fleet's wide replicas)."""
         if num_replicas < 1:
             raise ValueError(f"need at least one attention replica, got {num_replicas}")
+        budgets = list(token_budget) if isinstance(token_budget, (list, tuple)) else [token_budget] * num_replicas
+        if len(budgets) != num_replicas:
+            raise ValueError(f"{len(budgets)} token budgets for {num_replicas} replicas")
         self.cost = cost
         self.model = cost.model
         self.router = router
-        self.schedulers = [ReplicaScheduler(token_budget, order=order, max_queue=max_queue)
-                           for _ in range(num_replicas)]
+        self.schedulers = [ReplicaScheduler(b, order=order, max_queue=max_queue) for b in budgets]
         self.busy_until = [0.0] * num_replicas
         self._loads: list = [None] * num_replicas     # cached ReplicaLoad, None when stale
         self.results: dict[int, RequestResult] = {}

@@ -32,9 +32,11 @@ class EngineSpec:
     microbatches: int | str = 2             # async: per step, or "adaptive"
     colocated: bool = False                 # async: every device an attention replica's (of attention_tp) and an
                                             # expert shard's (1/devices of the experts); no separate expert pool
-    wide_replicas: int = 0                  # colocated: a length-aware fleet: this many replicas of wide_tp devices
-    wide_tp: int = 8                        # take the prompts of >= wide_from_tokens; the rest of the instance's
-    wide_from_tokens: int = 32768           # devices are replicas of attention_tp (asap.scheduler.length_router)
+    wide_replicas: int = 0                  # a length-aware fleet: this many replicas (async co-located) / DP groups
+    wide_tp: int = 8                        # (sync: one deployment of its own) of wide_tp devices take the prompts of
+    wide_from_tokens: int = 32768           # >= wide_from_tokens; the rest of the instance's devices are replicas / DP
+                                            # groups of attention_tp (asap.scheduler.length_router; asap.sim.run)
+    wide_token_budget: int | None = None    # the wide group's chunk (None: token_budget)
     two_batch_overlap: bool = True          # sync
     expert_loads: Any = None                # [moe_layer][expert] routing loads (e.g. RoutingStats.loads())
     zipf: float = 0.0                       # else: Zipf-skewed loads (0 = uniform)
@@ -62,8 +64,9 @@ class EngineSpec:
                              f"the instance's {self.devices // self.instances} devices (or leave attention_workers unset)")
         if self.wide_replicas:
             per = self.devices // max(1, self.instances)
-            if not self.colocated:
-                raise ValueError("wide_replicas (a length-aware fleet) is built for the co-located layout only")
+            if self.engine == "async" and not self.colocated:
+                raise ValueError("wide_replicas (a length-aware fleet) is built for sync and async's co-located "
+                                 "layout only")
             if self.attention_workers is not None:
                 raise ValueError("wide_replicas: the narrow replicas are the devices left; leave attention_workers unset")
             narrow = per - self.wide_replicas * self.wide_tp
@@ -72,6 +75,8 @@ class EngineSpec:
                                  f"multiple of attention_tp={self.attention_tp} of the instance's {per} devices")
             if self.wide_from_tokens < 1:
                 raise ValueError(f"wide_from_tokens must be >= 1, got {self.wide_from_tokens}")
+            if self.wide_token_budget is not None and self.wide_token_budget < 1:
+                raise ValueError(f"wide_token_budget must be >= 1, got {self.wide_token_budget}")
         if not (isinstance(self.instances, int) and self.instances >= 1) or self.devices % self.instances:
             raise ValueError(f"instances={self.instances!r} must be an int >= 1 that divides devices={self.devices}")
 

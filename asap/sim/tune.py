@@ -70,6 +70,7 @@ class EngineConfig:
     wide_replicas: int = 0              # colocated: a length-aware fleet, wide_replicas x TP wide_tp take the
     wide_tp: int = 8                    # prompts of >= wide_from_tokens (asap.scheduler.length_router)
     wide_from_tokens: int = 32768
+    wide_token_budget: int | None = None    # the wide group's chunk (None: token_budget)
     window_s: float = 0.0               # async: the expert side holds a batch up to this long to merge same-layer work
     selector: str = "oldest"            # async: expert work selection (asap.scheduler.expert_select.SELECTORS)
     max_wait_s: float | None = None     # async, selector "fullest": its age bound (None: its default)
@@ -91,9 +92,9 @@ class EngineConfig:
                 kw.update(selector=self.selector)
             if self.max_wait_s is not None:
                 kw.update(max_wait_s=self.max_wait_s)
-            if self.wide_replicas:
-                kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp,
-                          wide_from_tokens=self.wide_from_tokens)
+        if self.wide_replicas:
+            kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp, wide_from_tokens=self.wide_from_tokens,
+                      wide_token_budget=self.wide_token_budget)
         return kw
 
     def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
@@ -108,7 +109,17 @@ class EngineConfig:
                 + (f" (age bound {self.max_wait_s * 1e3:g} ms)" if self.max_wait_s is not None else "")
                 + (", prefix cache" if self.prefix_cache else ""))
 
+    def _wide_chunk(self) -> str:
+        return f" (chunk {self.wide_token_budget})" if self.wide_token_budget not in (None, self.token_budget) else ""
+
     def _describe(self, devices: int) -> str:
+        if self.engine == "sync" and self.wide_replicas:
+            per = devices // self.instances
+            wide = self.wide_replicas * self.wide_tp
+            return (f"sync {self.instances}x fleet[DP{(per - wide) // self.attention_tp} x TP{self.attention_tp}, "
+                    f"EP{per - wide} + DP{self.wide_replicas} x TP{self.wide_tp}, EP{wide} for prompts >= "
+                    f"{self.wide_from_tokens // 1024}K{self._wide_chunk()}], chunk {self.token_budget}/group, "
+                    f"TBO {'on' if self.two_batch_overlap else 'off'}")
         if self.engine == "sync":
             per = devices // self.instances
             return (f"sync {self.instances}x[DP{per // self.attention_tp} x TP{self.attention_tp}, EP{per}], "
@@ -118,7 +129,8 @@ class EngineConfig:
         if self.colocated and self.wide_replicas:
             narrow = (per - self.wide_replicas * self.wide_tp) // self.attention_tp
             return (f"async co-located {inst}[A={narrow} x TP{self.attention_tp} + {self.wide_replicas} x "
-                    f"TP{self.wide_tp} for prompts >= {self.wide_from_tokens // 1024}K, experts on all {per}], chunk "
+                    f"TP{self.wide_tp} for prompts >= {self.wide_from_tokens // 1024}K{self._wide_chunk()}, experts on "
+                    f"all {per}], chunk "
                     f"{self.token_budget}/replica, k={self.microbatches}")
         if self.colocated:
             return (f"async co-located {inst}[A={per // self.attention_tp} x TP{self.attention_tp}, experts on all "
@@ -143,6 +155,8 @@ WINDOWS = (0.002, 0.005)
 # async expert work selection: oldest first, or the fullest layer first (asap.scheduler.expert_select.FullestLayer:
 # when work queues up, the most items per expert weight read; fixed 4K on 32 dies, A=17 + E=15: 27.5 -> 31 req/s)
 SELECTORS = ("oldest", "fullest")
+# length-aware fleets (`_fleets`): the wide group's attention TP, chunk, and the prompt length it takes from
+FLEET_WIDE_TP, FLEET_CHUNK, FLEET_FROM = (4, 8, 16), 32768, 32768
 
 
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
@@ -202,8 +216,32 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
         # co-located: every device a replica's attention and 1/size of the experts, so sync's memory per device
         out += [EngineConfig("async", tp, budget, instances=inst, attention_workers=size // tp, colocated=True)
                 for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) for budget in CHUNKS]
+    out += _fleets(engine, devices, cfg, hw, model, hardware)
     if full:
         out += [v for c in out for v in secondary(c)]
+    return out
+
+
+def _fleets(engine: str, devices: int, cfg, hw, model, hardware) -> list[EngineConfig]:
+    """Length-aware fleets, the same shapes for both engines: in each instance, half the devices form the wide
+    group (DP groups / replicas of FLEET_WIDE_TP, chunk FLEET_CHUNK) for prompts of >= FLEET_FROM tokens, the
+    other half the narrow group (attention TP and chunk as the other candidates). Sync: two deployments behind
+    a length-aware proxy, each holding the whole model (asap.sim.run.split_by_length); async: co-located, one
+    expert pool on all the devices (asap.scheduler.length_router)."""
+    out = []
+    for size in instance_sizes(devices, engine, model, hardware):
+        inst, half = devices // size, size // 2
+        if half < 1:
+            continue
+        if engine == "sync":
+            narrow_tps = _sync_memory_tps(SYNC_TP, size - half, cfg, hw)
+            wide_tps = _sync_memory_tps(FLEET_WIDE_TP, half, cfg, hw)
+        else:
+            narrow_tps = [tp for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) if (size - half) % tp == 0]
+            wide_tps = [w for w in _sync_memory_tps(FLEET_WIDE_TP, size, cfg, hw) if half % w == 0]
+        out += [EngineConfig(engine, tp, budget, instances=inst, colocated=engine == "async", wide_replicas=half // w,
+                             wide_tp=w, wide_from_tokens=FLEET_FROM, wide_token_budget=FLEET_CHUNK)
+                for tp in narrow_tps for w in wide_tps for budget in CHUNKS]
     return out
 
 
