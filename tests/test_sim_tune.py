@@ -151,3 +151,32 @@ def test_the_screen_finds_the_best_of_a_large_space_and_rate_searches_only_the_f
     assert min(b["slo_attainment"] for b in eb.buckets.values() if b["num_requests"]) >= 0.9
     with pytest.raises(ValueError, match="criterion"):
         tune(reqs, "sync", 8, candidates=cands, criterion="tokens", **SMALL)
+
+
+def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch):
+    """Every candidate still passes at the burst limit of the screen's short sample (there the sample cannot
+    tell them apart, and a tie-break by P90 TTFT at low load would pick a weak one): the screen goes on with
+    twice the requests until it can, and the best one reaches the rate searches."""
+    import types
+
+    import asap.sim.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(2001)])
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    first_limit = burst_limit(62, 2.0)
+    served = {c: first_limit * 1.3 + 0.4 * i for i, c in enumerate(cands)}     # all above the first limit
+    p90 = {c: 0.001 * (i + 1) for i, c in enumerate(cands)}                  # the weakest is the fastest at low load
+
+    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, **kw):
+        c = EngineConfig("sync", kw["attention_tp"], kw["token_budget"], instances=kw["instances"],
+                         two_batch_overlap=kw["two_batch_overlap"], router=kw["router"])
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[c] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, p90[c] if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    t = tune(reqs, "sync", 8, candidates=cands, **SMALL)
+    screened = {tuple(sorted(c["config"].items())): c for c in t.candidates}
+    assert max(c["num_requests"] for c in screened.values()) > 62      # the tied ones went on with more requests
+    assert t.best == cands[-1]

@@ -485,7 +485,9 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
     SCREEN_KEEP candidates pass, the passing ones are simulated again at SCREEN_STEP x the rate (never
     above the burst limit); where a raise leaves none passing, they are tried halfway back; where none
     passes the first time, all are screened again at half the rate (at most SCREEN_ROUNDS more rounds in
-    all). Score: the highest screened rate passed, then attainment and P90 TTFT at the last rate tried."""
+    all). Where more than SCREEN_KEEP still pass at the burst limit of n requests, n cannot rank them: the
+    passing ones go on with 2n requests (as the rate search does), up to all of them. Score: the highest
+    screened rate passed, then attainment and P90 TTFT at the last rate tried."""
     if not cands:
         return {}
     n = num_requests
@@ -495,7 +497,8 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
     rate = min(rate, limit)
     out: dict = {}
     pool, passed_at = list(cands), None       # passed_at: the last rate some of the pool passed at
-    for _ in range(SCREEN_ROUNDS + 1):
+    rounds = SCREEN_ROUNDS + 1 + max(0, math.ceil(math.log2(num_requests / n)))   # and a round per doubling of n
+    for _ in range(rounds):
         if prefetch is not None:
             prefetch([(c, n, rate) for c in pool])
         for c in pool:
@@ -511,8 +514,13 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
             else:
                 rate = (passed_at + rate) / 2     # the raise went too far: halfway back, the same pool
             continue
-        if len(passing) <= SCREEN_KEEP or rate >= limit:
+        if len(passing) <= SCREEN_KEEP:
             break
+        if rate >= limit:                 # a tie at the burst limit: more requests to rank them, if there are
+            if n >= num_requests:
+                break
+            n = min(num_requests, 2 * n)
+            limit = burst_of(n)
         pool, passed_at, rate = passing, rate, min(limit, rate * SCREEN_STEP)
     for v in out.values():
         v["score"] = (v["passed_rate"] or 0.0, v["attainment"], -(v["ttft_p90_ms"] or float("inf")))
