@@ -11,11 +11,16 @@ Configuration spaces (`space`), the knobs an operator of each engine would searc
         per-replica chunk (4K / 8K / 16K / 32K), the A:E split (the cost model's balance point, and 25% more
         attention replicas, or 20% fewer where memory is full), micro-batch depth 1 / 2 / 3, the same routers, an
         expert batching window of 0 / 2 / 5 ms, the expert selector (oldest or fullest layer first); and the
-        co-located layout (every die attention and 1/N of the experts, sync's memory per die).
+        co-located layout (every die attention and 1/N of the experts, sync's memory per die);
+- both:  length-aware fleets of the same shapes (`_fleets`): half of each instance's devices a wide group
+        (TP 4 / 8 / 16, 32K chunks) for prompts of >= 32K tokens, the other half narrow (the TPs and chunks
+        above). Sync runs them as two deployments behind a length-aware proxy; async co-located, one expert
+        pool on all the devices.
 Search, the same rule and budget for both engines (the space is too large to rate-search every candidate):
 1. screen (`_screen`): every primary candidate (TBO on / k=2, queue-aware) is simulated at one rate on a
-   short sample, the passing ones again at 1.5x the rate while more than SCREEN_KEEP pass; then the
-   secondary variants (TBO / router / k / expert window / selector) of the best SCREEN_KEEP are screened the same way;
+   short sample, the passing ones again at 1.5x the rate while more than SCREEN_KEEP pass (with twice the
+   requests where they still tie at the sample's burst limit); then the secondary variants (TBO / router /
+   k / expert window / selector) of the best SCREEN_KEEP are screened the same way;
 2. the best FINALISTS screened candidates get a coarse rate search (tol COARSE_TOL), the best REFINE of
    them a fine one (tol FINE_TOL).
 A candidate's answer counts only if its search is valid (asap.measure.rate_search: converged, not a burst).
