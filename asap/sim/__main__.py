@@ -60,9 +60,10 @@ def add_commands(sub, extra=()) -> None:
                                    "candidate configuration gets a rate search) and report each one's highest "
                                    "SLO-compliant rate and their ratio; writes headline.json and headline.png "
                                    "into --out, and headline.partial.json after each row (see --resume). Run "
-                                   "time on two cores: the recorded runs (--num-requests 6000) took 13-18 "
-                                   "minutes per workload and device count, so the default grid of 12 rows takes "
-                                   "hours. Start with one row: --workloads conversation --devices 32.")
+                                   "time on two cores with --jobs 2: the conversation row at 32 dies took 20 minutes, "
+                                   "the 64- and 128-die rows resumed from it (--resume, --num-requests 6000) 18 "
+                                   "minutes together, so the default grid of 12 rows takes hours. Start with one "
+                                   "row: --workloads conversation --devices 32.")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384],
                    help="device counts, one row each (later rows start their search from the row before)")
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
