@@ -198,8 +198,12 @@ def test_the_summary_names_the_prompts_that_pay_from_the_live_buckets():
     emulated, simulated = _run(live=[(1.5, 0.98, 0.88)], flagged="loaded")
     simulated["runs"][0]["engines"] = {"async": engine(0.98, 0.93), "sync": engine(0.88, 0.66)}
     why = "\n".join(verdict_lines(emulated, simulated))
-    assert "at 1.5 req/s on 32 dies the prompts that pay are the <4K-token ones: 66% within SLO on sync, 93% on async" \
-        in why
+    assert "at 1.5 req/s on 32 dies the prompts that pay on sync are the <4K-token ones: 66% within SLO on sync, " \
+        "93% on async" in why and "Async's" not in why
+    simulated["runs"][0]["engines"]["async"]["buckets"]["4-16K"]["slo_attainment"] = 0.8     # async pays there
+    assert "Async's 4-16K-token prompts pay instead: 80% within SLO, against sync's 100%" in \
+        "\n".join(verdict_lines(emulated, simulated))
+    simulated["runs"][0]["engines"]["async"]["buckets"]["4-16K"]["slo_attainment"] = 1.0
     simulated["runs"][0]["engines"]["sync"] = engine(0.91, 0.66)        # sync holds 90% overall: no lead, no why
     assert "prompts that pay" not in "\n".join(verdict_lines(emulated, simulated))
     for e, rate in (("sync", 0.5), ("async", 2.0)):
