@@ -184,8 +184,8 @@ def _who_pays(simulated: dict) -> str:
                 and bs["slo_attainment"] is not None]
         if gaps:
             _, k, bs, ba = max(gaps)
-            out = (f" In the live run at {r['rate']:g} req/s on {simulated['devices']} dies the prompts that pay on sync "
-                   f"are the {k}-token ones: {bs:.0%} within SLO on sync, {ba:.0%} on async.")
+            out = (f" In the live run at {r['rate']:g} req/s on {simulated['devices']} dies the prompts that pay on "
+                   f"sync are the {k}-token ones: {bs:.0%} within SLO on sync, {ba:.0%} on async.")
             lost, k, bs, ba = min(gaps)
             if lost < -TIE:         # a bucket async serves worse: say so too
                 out += f" Async's {k}-token prompts pay instead: {ba:.0%} within SLO, against sync's {bs:.0%}."

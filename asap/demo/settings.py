@@ -4,10 +4,10 @@ The SIMULATED headline case is the project's: the Mooncake conversation trace (t
 first requests, their own bursty arrivals rescaled to each rate) on 32 dies, SLO 2 s + 1 ms per prompt
 token, as in `asap sim headline`.
 
-The demo's own workload (EMULATED, and the tuned rates on the emulated cluster's size): prompt lengths of the Mooncake conversation trace shipped in the package (x1/8,
-clipped to 8K tokens, mean ~1.4K) with Poisson arrivals (the trace's own arrivals come in bursts of
-requests sharing one timestamp; lengths are what we take from it). The SLO is the simulator's rule
-(asap.sim.experiments.with_slo): a request must see its first token within 5x the time a prompt of
+The demo's own workload (EMULATED, and the tuned rates on the emulated cluster's size): prompt lengths of
+the Mooncake conversation trace shipped in the package (x1/8, clipped to 8K tokens, mean ~1.4K) with
+Poisson arrivals (the trace's own arrivals come in bursts of requests sharing one timestamp; lengths are
+what we take from it). The SLO is the simulator's rule (asap.sim.experiments.with_slo): a request must see its first token within 5x the time a prompt of
 max(L, 1024) tokens takes alone on the idle sync system of the same size, so every engine is judged
 against the same per-request budget, which scales with the work the prompt needs.
 """

@@ -148,7 +148,8 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
         raise ValueError(f"{path}: the headline ran on other simulation code (fingerprint "
                          f"{doc.get('code_fingerprint')}, this checkout {fingerprint()}); rerun it")
     if doc.get("num_requests", HEADLINE_REQUESTS) != HEADLINE_REQUESTS:
-        raise ValueError(f"{path}: the headline sampled {doc['num_requests']} requests, the demo's entry {HEADLINE_REQUESTS}")
+        raise ValueError(f"{path}: the headline sampled {doc['num_requests']} requests, the demo's entry "
+                         f"{HEADLINE_REQUESTS}")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
     if not rows:
         raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")
@@ -202,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"headline case)")
     p.add_argument("--from-headline", type=Path, default=None, metavar="JSON",
                    help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
-                        f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0` run on this code")
+                        f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0` run on this "
+                        f"code")
     from asap.sim import parallel
     parallel.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
