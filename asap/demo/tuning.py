@@ -12,7 +12,8 @@ run offline,
     python -m asap.demo.tuning [--devices 24 18 32] [--jobs 2]     # rewrites asap/demo/tuned.json
     python -m asap.demo.tuning --from-headline out/headline.json    # the 32-die entry from a headline run
 
-(~40 min for 24 and 18 dies and ~12 min for the headline's 32-die row with --jobs 2 on two cores), and
+(measured: 23 and 13 min for 24 and 18 dies with --jobs 1, 20 min for the headline's 32-die row with
+--jobs 2, on two cores), and
 `asap demo` reads the result (`asap demo --retune` reruns the emulated cluster's first). Keys name what a
 search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry the
@@ -33,10 +34,11 @@ from pathlib import Path
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 from asap.pipeline.plan import token_weighted_length
 from asap.sim.code_version import fingerprint
+from asap.sim.headline import NUM_REQUESTS
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
-HEADLINE_REQUESTS = 1500     # the headline's sample (`asap sim headline`'s default --num-requests)
+HEADLINE_REQUESTS = NUM_REQUESTS     # the headline's sample (`asap sim headline`'s default --num-requests)
 
 
 def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:

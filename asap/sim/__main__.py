@@ -12,7 +12,7 @@ from pathlib import Path
 from asap.sim import parallel
 from asap.sim.calibrate import calibrate
 from asap.sim.experiments import TRACE, at_rate, trace_requests
-from asap.sim.headline import DEFAULT_SLO, WORKLOADS, run_headline
+from asap.sim.headline import DEFAULT_SLO, NUM_REQUESTS, WORKLOADS, run_headline
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
@@ -68,7 +68,7 @@ def add_commands(sub, extra=()) -> None:
                    help="device counts, one row each (later rows start their search from the row before)")
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
                    help="names of asap.workload.presets or Mooncake .jsonl / Azure .csv paths")
-    h.add_argument("--num-requests", type=int, default=1500,
+    h.add_argument("--num-requests", type=int, default=NUM_REQUESTS,
                    help="requests available per workload (each search uses as few as the burst rule allows)")
     h.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
     h.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
