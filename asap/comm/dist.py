@@ -80,8 +80,12 @@ class DistTransport(Transport):
         self.rank, self.world_size, self.send_timeout = rank, spec.world_size, spec.send_timeout
         self._spec = spec
         self.device = _pick_device(spec.device, rank)
+        # The caller's stream, which reads what arrives: received buffers are made on the communication
+        # thread's stream and recorded on this one, so their memory is not reused while its kernels read it.
+        self._consumer = None
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            self._consumer = torch.cuda.current_stream(self.device)
         dist.init_process_group(spec.backend, init_method=spec.init_method,
                                 world_size=spec.world_size, rank=rank)
         self._cv = threading.Condition()
@@ -108,12 +112,14 @@ class DistTransport(Transport):
             raise RuntimeError(f"rank {self.rank}: send after close")
         envelope = bytearray(ENVELOPE_BYTES)
         pack_envelope_into(envelope, 0, header, tensors)
-        # No copy (the caller must not modify sent tensors): a Rows gathers, others are flat views.
+        # No copy (the caller must not modify sent tensors): a Rows gathers, others are flat views. The queue
+        # holds them until the round that sends them has synchronized its stream, so memory the caller's
+        # stream frees is not reused under an unfinished send.
         payload = [as_bytes(t).to(self.device) for t in tensors if t.numel()]
         ready = None
         if self.device.type == "cuda":   # the communication stream must wait for the caller's kernels
             ready = torch.cuda.Event()
-            ready.record()
+            ready.record(torch.cuda.current_stream(self.device))
         item, q = (envelope, payload, ready), self._outq[dst]
         try:
             q.put_nowait(item)
@@ -240,7 +246,7 @@ class DistTransport(Transport):
                             buf = pool.take(torch.uint8, (n,))
                         else:     # made on this thread's stream, read on the caller's: not reused before
                             buf = torch.empty(n, dtype=torch.uint8, device=self.device)
-                            buf.record_stream(torch.cuda.default_stream(self.device))
+                            buf.record_stream(self._consumer)
                         if n:
                             ops.append(dist.P2POp(dist.irecv, buf, p))
                         tensors.append(buf.view(dtype).reshape(shape))

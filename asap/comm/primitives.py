@@ -18,6 +18,7 @@ import torch
 
 from asap.comm.headers import Header, Kind
 from asap.comm.mailbox import Mailbox, WorkItem, wait_for
+from asap.comm.streams import to_device
 from asap.comm.transport import CommTimeout, Rows, Transport
 from asap.scheduler.expert_select import OldestFirst
 
@@ -237,14 +238,15 @@ def combine_recv(inbox: CombineInbox, pending: PendingCombine, timeout: float | 
                                f"expected {(idx.numel(), pending.hidden_size)}")
     live = [r for r in sorted(pending.rows) if pending.rows[r].numel()]
     if pending.whole and len(live) == 1:              # one rank answered for every token: that is y
-        return got[live[0]].to(pending.device, pending.dtype)
+        return to_device(got[live[0]], pending.device, pending.dtype)    # off shm: on the comm stream
     if len(live) == 1:                                # one partial: no sum, so no rounding to worry about
         out = torch.zeros(pending.num_tokens, pending.hidden_size, dtype=pending.dtype, device=pending.device)
-        return out.index_copy_(0, pending.rows[live[0]].to(out.device), got[live[0]].to(out.device, out.dtype))
+        part = to_device(got[live[0]], out.device, out.dtype)
+        return out.index_copy_(0, pending.rows[live[0]].to(out.device), part)
     # Accumulate 16-bit partials in fp32: rounding once at the end, not once per rank.
     acc = torch.float32 if pending.dtype in (torch.float16, torch.bfloat16) else pending.dtype
     out = torch.zeros(pending.num_tokens, pending.hidden_size, dtype=acc, device=pending.device)
     for r in live:
         idx = pending.rows[r].to(out.device)
-        out.index_add_(0, idx, got[r].to(out.device, acc))   # indices unique per rank: no atomics race
+        out.index_add_(0, idx, to_device(got[r], out.device, acc))   # indices unique per rank: no atomics race
     return out.to(pending.dtype)

@@ -48,6 +48,7 @@ from asap.comm.headers import Header
 from asap.comm.ring import ALIGN, Ring, padded
 from asap.comm.semaphore import NamedSemaphore
 from asap.comm.shm_names import new_prefix, sweep_dead_segments
+from asap.comm.streams import copy_to_host
 from asap.comm.transport import (ENVELOPE_BYTES, BufferPool, CommTimeout, Message, Rows, Transport,
                                  TransportSpec, describe, pack_envelope_into, unpack_envelope)
 
@@ -361,9 +362,10 @@ def _write(ring: Ring, at: int, n: int, t, body: int | None = None, chunk: int =
             if body is not None:
                 ring.progress(at + min(n, (a + rows) * (n // t.index.numel())) - body)
         return
-    if t.device.type == "cuda":
+    src = t.materialize() if isinstance(t, Rows) else t.detach()   # a Rows of device rows: gathered there
+    if src.device.type == "cuda":
         _pin(ring)
-    dst.copy_(t.materialize() if isinstance(t, Rows) else t.detach())
+    copy_to_host(dst, src)        # from a GPU: on the comm stream, after the kernels that made src
     if body is not None:
         ring.progress(at + n - body)
 

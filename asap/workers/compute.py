@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from asap.comm.streams import to_device
 from asap.config import ModelConfig
 from asap.model import stages
 from asap.model.batch import Batch, KVCache
@@ -54,12 +55,14 @@ class RealCompute:
         return stages.attention_stage(self.side, layer, h, batch, kv)
 
     def experts(self, layer: int, x, topk_ids, topk_weights):
-        # The comm boundary: shm hands over CPU tensors; this is their one move to the weights' device.
+        # The comm boundary: shm hands over CPU tensors; this is their one move to the weights' device, on
+        # the communication stream (asap.comm.streams), the compute stream ordered after it.
         d = self.device
-        return expert_stage(self.shard, layer, x.to(d, self.dtype), topk_ids.to(d), topk_weights.to(d))
+        return expert_stage(self.shard, layer, to_device(x, d, self.dtype), to_device(topk_ids, d),
+                            to_device(topk_weights, d))
 
     def combine(self, residual, partials):
-        return combine(residual, [p.to(residual.device, residual.dtype) for p in partials])
+        return combine(residual, [to_device(p, residual.device, residual.dtype) for p in partials])
 
     def logits(self, h, rows: list[int]) -> torch.Tensor:
         return stages.last_logits(self.side, h, rows)
@@ -71,9 +74,9 @@ class RealCompute:
         return time.monotonic()
 
     def synchronize(self) -> None:
-        """Wait for the kernels this worker queued on its compute stream (the attention's time on a GPU);
-        nothing to wait for on a CPU. Not device-wide: communication in flight on other streams (NCCL)
-        is not waited for. In an MoE layer it costs no extra wait: the dispatch's count copy right after
-        needs the same kernels done (asap.comm.primitives.dispatch_layout)."""
+        """Wait for the kernels this worker queued on its compute stream; nothing to wait for on a CPU.
+        Not device-wide: communication in flight on other streams (NCCL, asap.comm.streams) is not waited
+        for. The step loop does not call it on a GPU: attention is timed with events
+        (asap.workers.timing); its being set tells the span recorder it is on a GPU (asap.workers.main)."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()

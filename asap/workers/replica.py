@@ -20,6 +20,7 @@ from asap.scheduler.errors import QueueFull
 from asap.scheduler.replica import ReplicaScheduler
 from asap.scheduler.request import Request
 from asap.workers.messages import Planned, Result, RoutingCounts, Started, Submit
+from asap.workers.timing import AttentionTimer
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Replica:
         dev = compute.device
         self.routing = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.long, device=dev)  # expert placement
         self._routing_sent = time.monotonic()
+        self.attention_timer = AttentionTimer(compute)    # the step driver's (asap.workers.step); outlives a step
 
     # ---- requests in / results out ---------------------------------------------------------------
     def intake(self, msg: Submit) -> None:

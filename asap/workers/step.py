@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from asap.pipeline.step import StepPipeline, drive
+from asap.workers.timing import AttentionTimer
 
 
 class Runner:
@@ -20,16 +21,19 @@ class Runner:
         self.ctx, self.replica, self.mbs, self.exchange = ctx, replica, mbs, exchange
         self.compute = replica.compute
         self._attend = attend
+        self.timer = attention_timer(replica)
         self.outs, self.residual = {}, {}
 
     def attend(self, i: int, layer: int) -> float:
+        """Run (i, layer)'s attention side; returns seconds of attention for the depth policy: this op's on a
+        CPU, on a GPU those of the ops whose kernels have finished since the last attend (no host sync:
+        asap.workers.timing)."""
         self.exchange.poll()       # file combines that came meanwhile: their arrival times feed the depth policy
-        mb, compute = self.mbs[i], self.compute
+        mb = self.mbs[i]
         with self.ctx.spans.span("compute"):
-            t0 = time.monotonic()
+            t0 = self.timer.start()
             s = self._attend(self.replica, mb, layer) if self._attend else self.replica.attention(mb, layer)
-            compute.synchronize()        # on a GPU: the kernels' time, not their launch (no-op on CPU)
-            took = time.monotonic() - t0
+            took = self.timer.stop(t0)
         if s.x is None:
             mb.h = s.h
         else:
@@ -49,6 +53,13 @@ class Runner:
         with self.ctx.spans.span("compute"):
             self.mbs[i].h = self.compute.combine(self.residual.pop(i), [partial])
         return time.monotonic() if arrived is None else arrived
+
+
+def attention_timer(replica) -> AttentionTimer:
+    """The replica's timer, which outlives a step: on a GPU the ops a step leaves unread are read, and
+    counted, in the next. A stand-in replica without one gets a fresh timer (nothing is carried over)."""
+    timer = getattr(replica, "attention_timer", None)
+    return timer if timer is not None else AttentionTimer(replica.compute)
 
 
 def run_step(ctx, replica, mbs: list, exchange, attend=None, runner=Runner) -> StepPipeline:
