@@ -16,12 +16,12 @@ COMMANDS = [
     "asap.demo.cli",         # demo
     "asap.workers.remote",   # expert-worker (remote experts under torchrun)
     "asap.bench.plan_cli",   # plan, ablation
-    "asap.sim.cli",          # sim, profile
+    "asap.studies.cli",          # sim, profile
     "asap.server.cli",       # serve
 ]
 # Sub-commands of a lower package's command that live in a package above it (importing them from there would
 # point the tree upward): module -> [modules whose add_parser(subparsers) joins its command].
-EXTRA = {"asap.sim.cli": ["asap.bench.validate"]}       # `asap sim validate` drives bench targets
+EXTRA = {"asap.studies.cli": ["asap.bench.validate"]}       # `asap sim validate` drives bench targets
 
 
 DESCRIPTION = """ASAP: disaggregated, asynchronous prefill serving for Mixture-of-Experts LLMs.

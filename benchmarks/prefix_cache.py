@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from asap.sim.experiments import at_rate, trace_requests
+from asap.studies.experiments import at_rate, trace_requests
 from asap.sim.run import run
 from asap.workload.presets import trace_path
 

@@ -3,7 +3,7 @@
 Where the tuner's screening sample cannot rank candidates (on fixed-length Poisson traffic both engines
 pass at its burst limit), or to compare a few configurations more finely than its search does, this runs
 each configuration alone: the first `--num-requests` requests of the workload with the SLO (default
-2 s + 1 ms/token), a valid-or-not rate search (asap.sim.headline.rate_at) with a 2% tolerance. The
+2 s + 1 ms/token), a valid-or-not rate search (asap.studies.headline.rate_at) with a 2% tolerance. The
 default configurations are the ones an operator would try on even traffic: sync DP x TP1 with 4K / 8K
 chunks, and async separate pools around the balance point with 16K chunks, k=3 and the fullest-layer
 expert selector, plus the old default (A=19, k=2, oldest). Hand-picked, not a full tune of either space:
@@ -18,8 +18,8 @@ import json
 import sys
 import time
 
-from asap.sim.headline import rate_at
-from asap.sim.tune import EngineConfig
+from asap.studies.headline import rate_at
+from asap.studies.tune import EngineConfig
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--slo", default="2s+1ms/tok")
     p.add_argument("--tol", type=float, default=0.02, help="the rate search's relative tolerance")
     p.add_argument("--config", action="append", default=None,
-                   help="an asap.sim.tune.EngineConfig as JSON (repeatable; default: the hand-picked set)")
+                   help="an asap.studies.tune.EngineConfig as JSON (repeatable; default: the hand-picked set)")
     args = p.parse_args(argv)
     configs = [json.loads(c) for c in args.config] if args.config else DEFAULTS
     reqs = parse_slo(args.slo).apply(workload_requests(args.workload, args.num_requests))

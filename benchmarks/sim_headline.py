@@ -5,7 +5,7 @@ Usage: python benchmarks/sim_headline.py [--devices 32 64] [--num-requests N] [-
 """
 import sys
 
-from asap.sim.__main__ import main
+from asap.studies.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main(["headline", *sys.argv[1:]]))

@@ -18,7 +18,10 @@ from pathlib import Path
 # Uses only what both old and new checkouts have: trace_requests, at_rate, run.
 ONE_RUN = """
 import hashlib, json, struct, sys, time
-from asap.sim.experiments import TRACE, at_rate, trace_requests
+try:
+    from asap.studies.experiments import TRACE, at_rate, trace_requests
+except ImportError:      # a checkout from before asap/studies
+    from asap.sim.experiments import TRACE, at_rate, trace_requests
 from asap.sim.run import run
 engine, n, devices = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 base = trace_requests(TRACE, n)
@@ -58,7 +61,7 @@ if __name__ == "__main__":
     p.add_argument("--repeat", type=int, default=1)
     a, rest = p.parse_known_args()
     if a.against is None:
-        from asap.sim.__main__ import main
+        from asap.studies.__main__ import main
         sys.exit(main(["speed", *rest]))
     q = argparse.ArgumentParser()
     q.add_argument("--engine", default="async", choices=["async", "sync"])

@@ -25,7 +25,7 @@ def test_the_shipped_tuning_covers_the_demo_so_it_never_tunes_live():
 
 def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_code(tmp_path, monkeypatch, capsys):
     import asap.demo.tuning as tuning
-    from asap.sim.code_version import fingerprint
+    from asap.studies.code_version import fingerprint
     table = tmp_path / "tuned.json"
     monkeypatch.setattr(tuning, "TUNED", table)
 
@@ -48,7 +48,7 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
 
 
 def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():
-    from asap.sim.code_version import code_text as _code
+    from asap.studies.code_version import code_text as _code
     a = '"""module doc"""\nclass C:\n    """doc"""\n    def f(self):\n        """doc"""\n        return 1  # note\n'
     b = 'class C:\n    def f(self):\n        return 1\n'
     assert _code(a) == _code(b)
@@ -242,9 +242,9 @@ def test_load_raises_dilation_up_to_a_cap_and_flags_what_it_cannot_cover():
 
 def test_a_retune_whose_best_outruns_the_sample_stores_the_candidate_as_a_lower_bound(monkeypatch):
     import asap.demo.tuning as tuning
-    import asap.sim.tune as tune_mod
+    import asap.studies.tune as tune_mod
     from asap.demo.settings import FULL
-    from asap.sim.tune import EngineConfig, Tuned
+    from asap.studies.tune import EngineConfig, Tuned
 
     def fake(requests, engine, devices, *a, candidates=None, **k):
         if engine == "sync":

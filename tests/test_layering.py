@@ -9,20 +9,21 @@ The declared order, lowest first; a package may import itself and packages below
   pipeline    the step state machine and the exchange interface: pure Python, over scheduler
   workload    arrivals, lengths, traces -> Request
   measure     per-request results, their summary, the rate search, tables (below sim and bench alike)
+  sim         the simulator's core: events, both simulated engines, their exchanges, experts, memory, run
   comm        the data plane (typed headers + tensors); uses the expert-selection policy
   workers     what runs in a worker process: loops over the pipeline and comm
   engine      the user API, which starts workers
   asap        the package root (re-exports engine's LLM)
-  sim         the simulator: policies, pipeline and cost model; its validation drives the engine
+  studies     what is studied on the simulator: tune, headline, plan, explain, calibrate, profile
   bench       metrics, replay, targets (engines or the simulator)
   demo        `asap demo`: the headline comparison, simulated, emulated or real, over bench
   kv          the client side of the KV hand-off (pull a prefilled KV cache from a server)
   server      the HTTP server over an engine
   cli         the `asap` command: every package registers its sub-commands here
 
-Why sim sits above engine: `asap profile` (sim/profile.py, sim/kernels.py) times the workers' real
-kernels and the shm link to fit the simulator's CPU profile, so the simulator's package needs the
-runtime, never the reverse. Why comm may import scheduler:
+Why studies sit above engine: `asap profile` (studies/profile.py, studies/kernels.py) times the
+workers' real kernels and the shm link to fit the simulator's CPU profile, so it needs the runtime. The
+simulator's core needs none of it and sits below the runtime. Why comm may import scheduler:
 the expert side's batching choice is a policy (scheduler/expert_select.py), and policies are the
 bottom layer, not a peer.
 """
@@ -30,8 +31,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "asap"
-ORDER = ["scheduler", "model", "config", "cost", "pipeline", "workload", "measure", "comm", "workers", "engine", "asap",
-         "sim", "bench", "demo", "kv", "server", "cli"]
+ORDER = ["scheduler", "model", "config", "cost", "pipeline", "workload", "measure", "sim", "comm", "workers", "engine",
+         "asap", "studies", "bench", "demo", "kv", "server", "cli"]
 PURE = ("scheduler", "pipeline")          # no torch, no numpy, no processes
 
 # Known upward package edges, all in files the author of this test does not own; each is a cycle to

@@ -8,7 +8,7 @@ import pytest
 from asap.measure.metrics import RequestResult
 from asap.cli import main
 from asap.scheduler.request import Request
-from asap.sim.plan import apply_slo, plan
+from asap.studies.plan import apply_slo, plan
 
 # DeepSeek-V3 on 16 CloudMatrix dies: experts need >= 12 dies, so A is 1..4.
 CAPACITY = {1: 1.0, 2: 4.0, 3: 3.0, 4: 2.0}      # req/s each split sustains, in a stand-in simulator
@@ -84,7 +84,7 @@ def test_best_configs_tunes_both_engines_for_the_demo(tmp_path):
 
     import numpy as np
 
-    from asap.sim.plan import best_configs
+    from asap.studies.plan import best_configs
     rng = np.random.default_rng(1)
     trace = tmp_path / "t.jsonl"
     times = np.cumsum(rng.exponential(100.0, 120)).astype(int)
@@ -94,4 +94,6 @@ def test_best_configs_tunes_both_engines_for_the_demo(tmp_path):
     for engine in ("sync", "async"):
         cfg, res = out[engine], out["results"][engine]
         assert cfg is not None and cfg.engine == engine and res.max_slo_rate > 0
-        assert {"attention_tp", "token_budget", "instances"} <= set(cfg.sim_kw())
+        spec = cfg.spec("small-deepseek-v3", "h800", 4)
+        assert (spec.engine, spec.attention_tp, spec.token_budget, spec.instances) == \
+            (engine, cfg.attention_tp, cfg.token_budget, cfg.instances)

@@ -8,7 +8,7 @@ import pytest
 
 from asap.scheduler.prefix_cache import BLOCK_TOKENS, PrefixCache, PrefixCachedScheduler
 from asap.scheduler.request import Request
-from asap.sim.experiments import trace_requests
+from asap.studies.experiments import trace_requests
 from asap.sim.memory import prefix_cache_capacity
 from asap.sim.run import get_hardware, get_model, run
 from asap.workload.traces import default_trace_path, read_trace
@@ -167,7 +167,7 @@ def test_both_engines_apply_the_same_policy():
 
 
 def test_headline_flag_runs_every_candidate_with_the_cache_and_prints_its_hit_rate(tmp_path, capsys):
-    from asap.sim.__main__ import main
+    from asap.studies.__main__ import main
     trace = tmp_path / "trace.jsonl"
     lines = []
     for i in range(120):                    # 5 conversations whose prompts share their prefix

@@ -8,7 +8,7 @@ from asap.scheduler.request import Request
 from asap.sim.async_engine import PoolTime
 from asap.sim.run import run
 from asap.sim.spec import EngineSpec
-from asap.sim.tune import EngineConfig, space
+from asap.studies.tune import EngineConfig, space
 
 
 def test_pool_time_stretches_an_attention_op_by_the_pool_time_inside_it():
@@ -132,7 +132,7 @@ def test_the_sync_proxy_overflows_short_prompts_to_the_wide_deployment_and_never
 
 
 def test_the_fleet_shapes_are_the_same_for_both_engines():
-    from asap.sim.tune import FLEET_CHUNK, FLEET_FROM, space
+    from asap.studies.tune import FLEET_CHUNK, FLEET_FROM, space
     for engine in ("sync", "async"):
         fleets = [c for c in space(engine, 32, full=False) if c.wide_replicas]
         assert fleets and all(c.wide_replicas * c.wide_tp * c.instances == 16 and c.wide_from_tokens == FLEET_FROM
@@ -140,7 +140,7 @@ def test_the_fleet_shapes_are_the_same_for_both_engines():
                               for c in fleets)
         # every fleet builds (memory included) and describes its wide group
         for c in fleets[:3]:
-            EngineSpec(engine, devices=32, **c.sim_kw())
+            c.spec("deepseek-v3", "cloudmatrix384", 32)
             assert "for prompts >= 32K" in c.describe(32)
 
 
@@ -188,7 +188,7 @@ def test_headline_traces_show_one_instance_of_a_multi_instance_colocated_row(tmp
     co-located async row used to be run on all the devices and refused)."""
     import dataclasses
 
-    from asap.sim.headline import _write_traces
+    from asap.studies.headline import _write_traces
     from asap.workload.slo import parse_slo
     configs = {"sync": EngineConfig("sync", 4, 8192, instances=2),
                "async": EngineConfig("async", 4, 8192, instances=2, attention_workers=4, colocated=True)}
@@ -197,3 +197,14 @@ def test_headline_traces_show_one_instance_of_a_multi_instance_colocated_row(tmp
     _write_traces(row, parse_slo("2s+1ms/tok"), "fixed-2k", 40, "deepseek-v3", "cloudmatrix384", tmp_path, 2.0)
     assert (tmp_path / "trace_sync_32.json").stat().st_size > 0
     assert (tmp_path / "trace_async_32.json").stat().st_size > 0
+
+
+def test_no_requests_is_an_empty_run_of_the_layout_on_every_layout():
+    # instances and sync fleets split the requests before simulating; none at all is still a run, not a crash
+    layouts = [(dict(engine="sync", attention_tp=8, token_budget=32768, wide_replicas=1, wide_tp=16), 3, 32),
+               (dict(engine="sync", attention_tp=16, instances=2), 2, 32),
+               (dict(engine="async", attention_tp=4, colocated=True, instances=2), 8, 32),
+               (dict(engine="async", attention_tp=1, colocated=True, wide_replicas=4, wide_tp=4), 20, 32)]
+    for kw, attention, experts in layouts:
+        res = run([], EngineConfig(**kw).spec("deepseek-v3", "cloudmatrix384", 32))
+        assert (res.results, res.attention_workers, res.expert_workers) == ([], attention, experts), kw

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from asap.sim.calibrate import fit_op_rate
+from asap.studies.calibrate import fit_op_rate
 from asap.sim.cost import CostModel
 from asap.sim.hardware import OP_NAMES, OpRate, from_json, get_hardware, load_profile
 from asap.sim.run import get_model, uniform_shares

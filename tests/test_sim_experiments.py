@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from asap.scheduler.request import Request
-from asap.sim.calibrate import ERROR_BAND, calibrate
-from asap.sim.experiments import at_rate, with_slo
-from asap.sim.headline import run_headline
+from asap.studies.calibrate import ERROR_BAND, calibrate
+from asap.studies.experiments import at_rate, with_slo
+from asap.studies.headline import run_headline
 from asap.sim.run import run
 from asap.sim.trace_export import chrome_trace
 
@@ -53,12 +53,12 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     assert "[SIMULATED]" in printed and "wall time" in printed
     data = json.loads((tmp_path / "headline.json").read_text())
     assert data["label"] == "SIMULATED" and [r["devices"] for r in data["rows"]] == [4, 8]
-    from asap.sim.code_version import fingerprint       # a stored copy can tell whether it is current
+    from asap.studies.code_version import fingerprint       # a stored copy can tell whether it is current
     assert data["code_fingerprint"] == fingerprint() and data["num_requests"] == 120
     assert all(out["rows"][0][e]["max_slo_rate"] for e in ("sync", "async"))
     for row in out["rows"]:
         # an engine whose best outruns the 120 requests (8 one-die sync instances on a 5 ms SLO) has no
-        # maximum, only a lower bound and why (asap.sim.tune); the row then has no ratio
+        # maximum, only a lower bound and why (asap.studies.tune); the row then has no ratio
         if not all(row[e]["max_slo_rate"] for e in ("sync", "async")):
             assert row["ratio"] is None and all(row[e]["max_slo_rate"] or row[e]["lower_bound"] for e in row
                                                 if e in ("sync", "async"))
@@ -85,7 +85,7 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     assert "every prompt-length bucket" in printed and "by prompt length" in printed and "95%" in printed
     assert (tmp_path / "headline.png").stat().st_size > 0
     assert any(e["ph"] == "X" for e in json.loads((tmp_path / "trace_async_4.json").read_text())["traceEvents"])
-    from asap.sim.headline import merge_headlines
+    from asap.studies.headline import merge_headlines
     merged = merge_headlines([tmp_path, tmp_path], tmp_path / "merged")
     assert len(merged["rows"]) == 2 * len(out["rows"]) and (tmp_path / "merged" / "headline.png").stat().st_size > 0
 

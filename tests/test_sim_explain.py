@@ -5,8 +5,8 @@ import re
 import pytest
 
 from asap.scheduler.request import Request
-from asap.sim.explain import explain, format_explain
-from asap.sim.tune import EngineConfig
+from asap.studies.explain import explain, format_explain
+from asap.studies.tune import EngineConfig
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")
@@ -51,7 +51,7 @@ def test_a_heavier_load_keeps_the_dies_busier_and_bad_input_is_refused():
 
 
 def test_the_explain_command_prints_a_simulated_breakdown(capsys, tmp_path):
-    from asap.sim.__main__ import main
+    from asap.studies.__main__ import main
     out = tmp_path / "x.json"
     assert main(["explain", "--engine", "async", "--devices", "8", "--rate", "50", "--workload", "fixed-2k",
                  "--num-requests", "100", "--model", "small-deepseek-v3", "--hardware", "h800",
@@ -61,7 +61,7 @@ def test_the_explain_command_prints_a_simulated_breakdown(capsys, tmp_path):
 
 
 def test_without_attention_workers_async_is_explained_at_its_balanced_split(capsys):
-    from asap.sim.__main__ import main
+    from asap.studies.__main__ import main
     assert main(["explain", "--engine", "async", "--devices", "8", "--rate", "50", "--workload", "fixed-2k",
                  "--num-requests", "100", "--model", "small-deepseek-v3", "--hardware", "h800"]) == 0
     head = capsys.readouterr().out.splitlines()[0]

@@ -5,7 +5,7 @@ import pytest
 
 from asap.cost.loads import LoadModel
 from asap.scheduler.request import Request
-from asap.sim.calibrate import ERROR_BAND, SKEW, TRTLLM_EPLB, calibrate, trtllm_check
+from asap.studies.calibrate import ERROR_BAND, SKEW, TRTLLM_EPLB, calibrate, trtllm_check
 from asap.sim.experts import load_model, plan_experts, zipf_loads
 from asap.sim.run import get_model, run
 

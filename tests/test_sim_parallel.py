@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 
 from asap.scheduler.request import Request
-from asap.sim.parallel import ProcessPool, Progress, Serial, make_executor
-from asap.sim.tune import tune
+from asap.studies.parallel import ProcessPool, Progress, Serial, make_executor
+from asap.studies.tune import tune
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")

@@ -6,10 +6,10 @@ import pytest
 
 from asap.config import ModelConfig
 from asap.model.presets import preset_config
-from asap.sim.calibrate import fit_op_rate
+from asap.studies.calibrate import fit_op_rate
 from asap.sim.cost import CostModel
 from asap.sim.hardware import OP_NAMES, PROFILE_DIR, OpRate, cpu_profile_path, from_json, get_hardware
-from asap.sim.profile import TINY, OpFit, profile
+from asap.studies.profile import TINY, OpFit, profile
 
 
 def _samples(rate: OpRate, sizes=(1e6, 1e7, 1e8, 1e9)):

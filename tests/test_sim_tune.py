@@ -7,7 +7,7 @@ from asap.measure.metrics import RequestResult
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.scheduler.request import Request
 from asap.sim.run import run
-from asap.sim.tune import EngineConfig, instance_sizes, space, tune
+from asap.studies.tune import EngineConfig, instance_sizes, space, tune
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")
@@ -71,7 +71,7 @@ def test_tune_returns_a_valid_best_and_its_table():
 
 def test_engine_config_keywords_reach_the_engine():
     c = EngineConfig("sync", attention_tp=4, token_budget=8192)
-    res = run([Request(0, 3000)], "sync", devices=8, **RUN, **c.sim_kw())
+    res = run([Request(0, 3000)], c.spec("small-deepseek-v3", "h800", 8))
     assert res.attention_workers == 2 and res.expert_workers == 8       # DP2 x TP4, EP8
 
 
@@ -93,13 +93,13 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
     must not name TP1 (and its 3 req/s) as the best: it reports no best, TP4's lower bound and why."""
     import types
 
-    import asap.sim.tune as tune_mod
+    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(101)])   # a burst above 5 req/s
     served = {1: 3.0, 4: 1e9}                                       # each candidate's true maximum, req/s
 
-    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, *, attention_tp, **kw):
+    def fake_run(requests, spec):
         rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
-        ok = rate <= served[attention_tp] * (1 + 1e-9)
+        ok = rate <= served[spec.attention_tp] * (1 + 1e-9)
         return types.SimpleNamespace(results=[RequestResult(0, 0.0, 1000, 0.001 if ok else 9.0, deadline_s=2.0)],
                                      stats={})
 
@@ -124,14 +124,14 @@ def test_the_screen_finds_the_best_of_a_large_space_and_rate_searches_only_the_f
     loses to the next best."""
     import types
 
-    import asap.sim.tune as tune_mod
+    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000 if i % 20 == 0 else 20000, float(i)) for i in range(2001)])
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
     served = {c: 1.0 + 0.1 * i for i, c in enumerate(cands)}     # the last one is the best: 2.1 req/s
 
-    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, **kw):
-        c = EngineConfig("sync", kw["attention_tp"], kw["token_budget"], instances=kw["instances"],
-                         two_batch_overlap=kw["two_batch_overlap"], router=kw["router"])
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances,
+                         two_batch_overlap=spec.two_batch_overlap, router=spec.router)
         rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
         ok = rate <= served[c] * (1 + 1e-9)
         drop_short = c == cands[-1] and rate > 1.2
@@ -159,16 +159,16 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
     twice the requests until it can, and the best one reaches the rate searches."""
     import types
 
-    import asap.sim.tune as tune_mod
+    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(2001)])
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
     first_limit = burst_limit(62, 2.0)
     served = {c: first_limit * 1.3 + 0.4 * i for i, c in enumerate(cands)}     # all above the first limit
     p90 = {c: 0.001 * (i + 1) for i, c in enumerate(cands)}                  # the weakest is the fastest at low load
 
-    def fake_run(requests, engine, model, hardware, devices, attention_workers=None, **kw):
-        c = EngineConfig("sync", kw["attention_tp"], kw["token_budget"], instances=kw["instances"],
-                         two_batch_overlap=kw["two_batch_overlap"], router=kw["router"])
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances,
+                         two_batch_overlap=spec.two_batch_overlap, router=spec.router)
         rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
         ok = rate <= served[c] * (1 + 1e-9)
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, p90[c] if ok else 9.0,

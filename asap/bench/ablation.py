@@ -30,9 +30,9 @@ from asap.scheduler.admission import SLOAdmission
 from asap.scheduler.expert_select import make_selector
 from asap.scheduler.router import QueueAwareRouter, make_router
 from asap.sim.cost import CostModel
-from asap.sim.experiments import TRACE, at_rate
+from asap.studies.experiments import TRACE, at_rate
 from asap.sim.hardware import get_hardware
-from asap.sim.plan import apply_slo, start_rate, unbounded, workload_requests
+from asap.studies.plan import apply_slo, start_rate, unbounded, workload_requests
 from asap.sim.run import balanced_split, get_model, run
 
 
@@ -102,7 +102,7 @@ class Settings:
     workload: str = "trace"            # trace | poisson | gamma arrivals, Mooncake conversation lengths
     num_requests: int = 300
     seed: int = 0                      # arrivals (poisson, gamma) and the Zipf expert skew
-    slo: str = "5x"                    # an asap.workload.slo spec: 5x or a time budget (asap.sim.plan.apply_slo)
+    slo: str = "5x"                    # an asap.workload.slo spec: 5x or a time budget (asap.studies.plan.apply_slo)
     max_prompt: int | None = 32768     # clip prompt lengths (the trace's tail reaches 126K tokens)
     length_scale: float = 1.0
     zipf: float = 1.0                  # sim: expert popularity skew (0 = uniform); the runtime routes uniformly

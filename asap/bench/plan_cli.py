@@ -38,7 +38,7 @@ and with --leave-one-out all on minus one), and the sync baseline, at their SLO-
 
 
 def register(sub):
-    from asap.sim.plan import WORKLOADS
+    from asap.studies.plan import WORKLOADS
     p = sub.add_parser("plan", help="recommend attention:expert workers for N devices (SIMULATED)",
                        description=PLAN, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, required=True, help="devices to split into A attention + E expert")
@@ -55,7 +55,7 @@ def register(sub):
                    help="also search the sync engine on the same devices, for comparison")
     p.add_argument("--tune", metavar="WORKLOAD", default=None,
                    help="instead: search each engine's whole configuration space with the same budget "
-                        "(asap.sim.tune) on WORKLOAD (conversation, synthetic, fixed-4k, lognormal or a trace "
+                        "(asap.studies.tune) on WORKLOAD (conversation, synthetic, fixed-4k, lognormal or a trace "
                         "path) and print the best sync and the best async configuration; --slo then takes a "
                         "time budget such as 5s or 2s+1ms/tok")
     p.add_argument("--json", help="write the plan here")
@@ -98,7 +98,7 @@ def register(sub):
 
 
 def _workload_flags(p, workloads, num_requests: int, max_prompt):
-    from asap.sim.experiments import TRACE
+    from asap.studies.experiments import TRACE
     p.add_argument("--workload", choices=workloads, default="trace",
                    help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
     p.add_argument("--num-requests", type=int, default=num_requests, help="the trace's first N requests")
@@ -109,7 +109,7 @@ def _workload_flags(p, workloads, num_requests: int, max_prompt):
 
 
 def run_tune(args) -> int:
-    from asap.sim.plan import best_configs
+    from asap.studies.plan import best_configs
     if isinstance(parse_slo(args.slo, relative=True), IdleMultiple):
         raise ValueError("--tune judges both engines on a peer-style SLO: give --slo such as 5s or 2s+1ms/tok")
     out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests, verbose=True)
@@ -130,7 +130,7 @@ def run_tune(args) -> int:
 
 
 def run_plan(args) -> int:
-    from asap.sim.plan import apply_slo, format_plan, plan, workload_requests
+    from asap.studies.plan import apply_slo, format_plan, plan, workload_requests
     if args.tune:
         return run_tune(args)
     reqs = workload_requests(args.workload, args.num_requests, args.seed, args.trace)

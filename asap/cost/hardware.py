@@ -23,7 +23,7 @@ JSON schema "asap-sim-hardware/1":
               "collective_bytes_per_s": float (optional: tensor-parallel all-reduce bus rate inside a node)}}
 OP is each name in OP_NAMES. Per op, time = overhead_s + max(flops / flops_per_s, bytes / bytes_per_s)
 (the sum instead of the max where "overlap" is false);
-`asap.sim.calibrate.fit_op_rate` fits those three numbers from measured (flops, bytes, seconds) samples.
+`asap.studies.calibrate.fit_op_rate` fits those three numbers from measured (flops, bytes, seconds) samples.
 """
 from __future__ import annotations
 

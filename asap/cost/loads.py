@@ -27,7 +27,7 @@ table lookup and an interpolation in pure Python. The noise is Gaussian in shape
 
 Where the default `skew` (0.12) comes from: a published expert-load statistic, TensorRT-LLM's EPLB table
 (DeepSeek-R1, EP32, 9 slots per rank: busiest-rank imbalance 0.109, rank std 52 rows; the model: 0.108,
-50.6). asap/sim/calibrate.py shows the derivation, its checks (SGLang's 1K/2K/4K series shape) and why
+50.6). asap/studies/calibrate.py shows the derivation, its checks (SGLang's 1K/2K/4K series shape) and why
 the skew that would reproduce SGLang's default point from its perfect-EPLB point (~0.56) is rejected.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class LoadModel:
 
 
 # The default load model of every simulated run and of emulated routing: per-batch draws, with the
-# popularity drift derived from TensorRT-LLM's published EPLB load table (asap.sim.calibrate says how and
+# popularity drift derived from TensorRT-LLM's published EPLB load table (asap.studies.calibrate says how and
 # what checks it). LoadModel("expected") reproduces runs made before per-step loads bit for bit.
 DEFAULT_MODE = "drawn"
 DEFAULT_SKEW = 0.12

@@ -8,7 +8,7 @@ would deliver it (asap/workers/emulation/link.py), both stretched by `dilation` 
 small against them (figures are reported in emulated-hardware time).
 
 Both engines run in their best-tuned configuration for this workload and cluster, from the tuner
-(asap/demo/tuning.py: asap.sim.tune, restricted to what the runtime can emulate).
+(asap/demo/tuning.py: asap.studies.tune, restricted to what the runtime can emulate).
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def format_emulated(e: dict) -> list[str]:
     lines = [f"{e['model']} on {e['devices']} CloudMatrix384-like dies: {e['num_requests']} requests, Poisson at "
              f"{e['rate']:g} req/s, Mooncake prompt lengths; dilation {e['dilation']:g} (times below are emulated-"
              f"hardware time)",
-             f"best-tuned configurations (SIMULATED search by asap.sim.tune over the emulatable candidates, "
+             f"best-tuned configurations (SIMULATED search by asap.studies.tune over the emulatable candidates, "
              f"{e['tuned_source']}):"]
     for engine, t in e["tuned"].items():
         lines.append(f"  {engine:<5} {t['describe']}  (SIMULATED SLO-compliant rate {rate_text(t, 2)}, "

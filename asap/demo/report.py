@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from asap.demo.tuning import rate_of
-from asap.sim.tune import TARGET
+from asap.studies.tune import TARGET
 
 TIE = 0.05      # attainment differences (and relative throughput differences) below this are called a tie
 

@@ -7,7 +7,7 @@ token, as in `asap sim headline`.
 The demo's own workload (EMULATED, and the tuned rates on the emulated cluster's size): prompt lengths of
 the Mooncake conversation trace shipped in the package (x1/8, clipped to 8K tokens, mean ~1.4K) with
 Poisson arrivals (the trace's own arrivals come in bursts of requests sharing one timestamp; lengths are
-what we take from it). The SLO is the simulator's rule (asap.sim.experiments.with_slo): a request must see its first token within 5x the time a prompt of
+what we take from it). The SLO is the simulator's rule (asap.studies.experiments.with_slo): a request must see its first token within 5x the time a prompt of
 max(L, 1024) tokens takes alone on the idle sync system of the same size, so every engine is judged
 against the same per-request budget, which scales with the work the prompt needs.
 """
@@ -58,7 +58,7 @@ def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float,
     """The demo's requests at `rate` on a `devices`-device system, with their SLO deadlines (no prompts:
     emulated compute and the simulator need lengths only). `loop`: more requests than the sample holds
     reuse its prompt lengths (asap.workload.Workload.loop)."""
-    from asap.sim.experiments import with_slo
+    from asap.studies.experiments import with_slo
     w = Workload(trace=trace or default_trace_path(), arrivals=Poisson(1.0), rate=rate, num_requests=num_requests,
                  length_scale=s.length_scale, max_tokens=s.max_tokens, min_tokens=16, seed=s.seed,
                  with_prompts=False, loop=loop)

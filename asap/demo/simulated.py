@@ -18,20 +18,20 @@ from asap.measure.buckets import by_length, format_buckets
 from asap.measure.metrics import summarize
 from asap.demo.settings import DemoSettings, demo_requests, headline_requests
 from asap.demo.tuning import headline_configs, rate_of, rate_text
-from asap.sim.experiments import at_rate
+from asap.studies.experiments import at_rate
 from asap.sim.run import run
 
 
 def simulate(requests, engine_config, s: DemoSettings, devices: int) -> dict:
     c = engine_config
-    res = run(requests, c.engine, s.model, s.hardware, devices, c.attention_workers, **c.sim_kw())
+    res = run(requests, c.spec(s.model, s.hardware, devices))
     return summarize(res.results) | {"config": c.describe(devices), "sim_wall_s": res.wall_s,
                                      "buckets": by_length(res.results)}
 
 
 def run_simulated(s: DemoSettings, emulated: dict, log) -> dict:
     t0 = time.monotonic()
-    from asap.sim.tune import EngineConfig
+    from asap.studies.tune import EngineConfig
     same = demo_requests(s, s.devices, s.num_requests, s.rate)
     check = {e: simulate(same, EngineConfig(**t["config"]), s, s.devices) for e, t in emulated["tuned"].items()}
     out = {"devices": s.sim_devices, "workload": s.sim_workload, "slo": s.sim_slo, "num_requests": s.sim_requests,

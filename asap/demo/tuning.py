@@ -1,6 +1,6 @@
 """Each engine's best-tuned configuration for the demo's two SIMULATED comparisons, stored offline.
 
-- The demo's own workload on its emulated cluster (24 dies; 18 with --quick): asap.sim.tune over each
+- The demo's own workload on its emulated cluster (24 dies; 18 with --quick): asap.studies.tune over each
   engine's emulatable space (one instance).
 - The headline case: the Mooncake conversation trace on 32 dies, the 32-die row of `asap sim headline`
   (each engine's whole space, the same search and budget).
@@ -18,9 +18,9 @@ run offline,
 search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry the
 demo falls back to the analytic split, and says so). Each entry also records the fingerprint of the code
-the result depends on (asap.sim.code_version); when that code has changed since, the demo says the tuning
+the result depends on (asap.studies.code_version); when that code has changed since, the demo says the tuning
 is stale and gives no ratio. Where an engine's best candidate still passes at the highest rate the sample
-can certify (asap.sim.tune's no-best case), its entry holds that candidate and the rate as a lower bound,
+can certify (asap.studies.tune's no-best case), its entry holds that candidate and the rate as a lower bound,
 and the demo says so.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 from asap.pipeline.plan import token_weighted_length
-from asap.sim.code_version import fingerprint
-from asap.sim.headline import NUM_REQUESTS
+from asap.studies.code_version import fingerprint
+from asap.studies.headline import NUM_REQUESTS
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
@@ -59,9 +59,9 @@ def emulatable(c) -> bool:
 
 def tune_now(s: DemoSettings, devices: int, emulatable_only: bool, executor=None, progress: bool = False) -> dict:
     """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search).
-    executor: asap.sim.parallel's (default serial; the same answer either way); progress: a line per simulation."""
-    from asap.sim.parallel import Progress
-    from asap.sim.tune import space, tune
+    executor: asap.studies.parallel's (default serial; the same answer either way); progress: a line per simulation."""
+    from asap.studies.parallel import Progress
+    from asap.studies.tune import space, tune
     t0, t0_wall, code = time.monotonic(), time.time(), fingerprint()
     requests = demo_requests(s, devices, TUNE_REQUESTS, rate=1.0)
     prompt_len = token_weighted_length(requests)
@@ -104,7 +104,7 @@ def untuned(s: DemoSettings, devices: int) -> dict:
     from asap.sim.memory import min_expert_workers
     from asap.sim.run import balanced_split, get_model
     from asap.sim.hardware import get_hardware
-    from asap.sim.tune import EngineConfig
+    from asap.studies.tune import EngineConfig
     cfg, hw = get_model(s.model), get_hardware(s.hardware)
     a = min(balanced_split(CostModel(cfg, hw), devices, s.token_budget), devices - min_expert_workers(cfg, hw))
     configs = {"sync": EngineConfig("sync", 1, s.token_budget),
@@ -131,7 +131,7 @@ def headline_entry(row: dict, code: str, tune_s: float | None = None) -> dict:
 def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
     """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
     {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0`)."""
-    from asap.sim.headline import run_headline
+    from asap.studies.headline import run_headline
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
                        model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
@@ -162,13 +162,13 @@ def _stored(k: str) -> tuple[dict | None, str]:
     table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
     entry, source = table.get(k), "tuned offline (asap/demo/tuned.json)"
     if entry is not None and entry.get("fingerprint") != fingerprint():
-        source = ("tuned offline on older code: STALE (asap/cost, asap/pipeline, asap/sim, asap/scheduler or "
-                  "asap/measure changed since; rerun `python -m asap.demo.tuning`)")
+        source = ("tuned offline on older code: STALE (the simulation code changed since, see "
+                  "asap.studies.code_version; rerun `python -m asap.demo.tuning`)")
     return entry, source
 
 
 def _configs(entry: dict, source: str) -> dict:
-    from asap.sim.tune import EngineConfig
+    from asap.studies.tune import EngineConfig
     return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
             "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source}
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
                         f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0` run on this "
                         f"code")
-    from asap.sim import parallel
+    from asap.studies import parallel
     parallel.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
     args = p.parse_args(argv)

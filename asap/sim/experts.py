@@ -104,7 +104,7 @@ def _max_share(placement: Placement, load: list[float]) -> float:
 
 
 # Defaults for every simulated run (asap.cost.loads): per-batch drawn loads, with the popularity drift
-# derived from TensorRT-LLM's published EPLB load table (asap.sim.calibrate says how, and what it checks).
+# derived from TensorRT-LLM's published EPLB load table (asap.studies.calibrate says how, and what it checks).
 # expert_load="expected" reproduces runs made before per-step loads bit for bit.
 DEFAULT_LOAD_MODE = DEFAULT_MODE
 
@@ -112,5 +112,5 @@ DEFAULT_LOAD_MODE = DEFAULT_MODE
 def load_model(mode: str | None = None, skew: float | None = None, seed: int = 0) -> LoadModel:
     """The expert-load model of a run: mode "drawn" (per-batch loads: asap.cost.loads) or "expected"
     (every batch gets the expected busiest worker: the model before per-step loads, bit for bit);
-    skew is the per-batch popularity drift (None: DEFAULT_SKEW, fitted in asap.sim.calibrate)."""
+    skew is the per-batch popularity drift (None: DEFAULT_SKEW, fitted in asap.studies.calibrate)."""
     return LoadModel(DEFAULT_LOAD_MODE if mode is None else mode, DEFAULT_SKEW if skew is None else float(skew), seed)

@@ -245,16 +245,25 @@ def _run_instances(own, spec: EngineSpec, until) -> SimRun:
     ranks = per // tp if spec.engine == "sync" or spec.colocated else (spec.attention_workers or 1)
     rate = instance_tokens_per_s(CostModel(model, hw, attn_tp=tp), ranks, spec.token_budget, prompt_len)
     one = spec.replace(devices=per, instances=1)
-    parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part]
-    by_id = {res.request_id: res for p in parts for res in p.results}
-    results = [by_id[r.id] for r in own if r.id in by_id]
-    stats = {"instances": instances, "per_instance": [p.stats for p in parts]}
-    if any("prefix_cache" in p.stats for p in parts):
-        stats["prefix_cache"] = merge_stats([p.stats["prefix_cache"] for p in parts if "prefix_cache" in p.stats])
+    # an instance without requests is not simulated; with none at all, one empty run gives the shape
+    parts = [run(part, one, until=until) for part in split_instances(own, instances, rate) if part] \
+        or [run([], one, until=until)]
     first = parts[0]
-    return SimRun(results, spec.engine, spec.devices, first.attention_workers * instances,
-                  first.expert_workers * instances, sum(p.num_events for p in parts), sum(p.wall_s for p in parts),
-                  max(p.sim_end_s for p in parts), stats=stats, spans=first.spans)
+    return _merged(own, parts, spec, first.attention_workers * instances, first.expert_workers * instances,
+                   {"instances": instances, "per_instance": [p.stats for p in parts]})
+
+
+def _merged(own, parts: list[SimRun], spec: EngineSpec, attention_workers: int, expert_workers: int,
+            stats: dict) -> SimRun:
+    """One SimRun of independent parts (instances, or a fleet's deployments): results in request order,
+    events and wall time summed, the last part's end, prefix-cache statistics merged, the first part's spans."""
+    by_id = {res.request_id: res for p in parts for res in p.results}
+    caches = [p.stats["prefix_cache"] for p in parts if "prefix_cache" in p.stats]
+    if caches:
+        stats["prefix_cache"] = merge_stats(caches)
+    return SimRun([by_id[r.id] for r in own if r.id in by_id], spec.engine, spec.devices, attention_workers,
+                  expert_workers, sum(p.num_events for p in parts), sum(p.wall_s for p in parts),
+                  max(p.sim_end_s for p in parts), stats=stats, spans=parts[0].spans)
 
 
 def split_by_length(requests: list[Request], min_tokens: int, tokens_per_s: tuple[float, float],
@@ -299,14 +308,12 @@ def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:
         rate.append(per_rank * (s.devices // s.attention_tp))
         rank.append(per_rank)
     split = split_by_length(own, spec.wide_from_tokens, tuple(rate), tuple(rank))
-    runs = {name: run(p, s, until=until) for name, p, s in zip(("narrow", "wide"), split, parts_spec) if p}
-    parts = list(runs.values())
-    by_id = {res.request_id: res for p in parts for res in p.results}
-    results = [by_id[r.id] for r in own if r.id in by_id]
-    stats = {"fleet": {name: dict(p.stats, num_requests=len(p.results)) for name, p in runs.items()}}
-    return SimRun(results, "sync", spec.devices, sum(p.attention_workers for p in parts), spec.devices,
-                  sum(p.num_events for p in parts), sum(p.wall_s for p in parts), max(p.sim_end_s for p in parts),
-                  stats=stats, spans=parts[0].spans)
+    # a deployment without requests is not simulated; with none at all, the narrow one runs empty
+    runs = {name: run(p, s, until=until) for name, p, s in zip(("narrow", "wide"), split, parts_spec) if p} \
+        or {"narrow": run([], parts_spec[0], until=until)}
+    ranks = sum(s.devices // s.attention_tp for s in parts_spec)        # every DP group, whether it got work or not
+    return _merged(own, list(runs.values()), spec, ranks, spec.devices,
+                   {"fleet": {name: dict(p.stats, num_requests=len(p.results)) for name, p in runs.items()}})
 
 
 def simulate(requests: list[Request], engine: str = "async", model_cfg="deepseek-v3", hardware="cloudmatrix384",

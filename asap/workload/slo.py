@@ -59,7 +59,7 @@ class SLO:
 @dataclass(frozen=True)
 class IdleMultiple:
     """"5x": every request's budget is `factor` x the idle sync TTFT of max(its length, the token budget)
-    (asap.sim.experiments.with_slo); only commands that know the model and cluster resolve it."""
+    (asap.studies.experiments.with_slo); only commands that know the model and cluster resolve it."""
     factor: float
 
     def __post_init__(self):

@@ -1,7 +1,7 @@
 """`asap profile`: time the project's own kernels on this CPU and write a calibrated "cpu" profile.
 
 Every op of the cost model (asap.sim.cost, OP_NAMES) is timed with the functions the workers
-run (asap.sim.kernels.KernelProfiler), on a materialised preset, at several sizes, with `threads`
+run (asap.studies.kernels.KernelProfiler), on a materialised preset, at several sizes, with `threads`
 torch threads (a runtime worker uses RuntimeConfig.threads_per_worker):
   attn_proj      the per-token attention projections (MLA: q_a, q_b, kv_a, o; GQA: q, k, v, o)
   attn_core      one chunk's attention: (MLA: kv_b over the chunk's whole context, the K/V
@@ -12,7 +12,7 @@ torch threads (a runtime worker uses RuntimeConfig.threads_per_worker):
                  gate, and spread over a few experts only (to separate weight traffic from overhead)
   elementwise    what a whole attention_stage leaves over once its other ops, timed alone at the same
                  shapes, are taken out: norms, RoPE, residuals, KV writes, glue
-Each op's rates come from asap.sim.calibrate.fit_op_rate on relative errors, with the FLOPs and bytes
+Each op's rates come from asap.studies.calibrate.fit_op_rate on relative errors, with the FLOPs and bytes
 the cost model itself counts for each sample; an op whose FLOP and byte terms both matter keeps
 fit_op_rate's sum form (OpRate.overlap=False). The whole stages are then predicted from the fitted
 ops as a check. The link: a shared-memory ping-pong between two processes (asap.comm.ShmTransportSpec).
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from asap.sim.calibrate import fit_op_rate
+from asap.studies.calibrate import fit_op_rate
 from asap.sim.hardware import OP_NAMES, Hardware, Link, OpRate, calibrated_cpu_path
-from asap.sim.kernels import KernelProfiler
+from asap.studies.kernels import KernelProfiler
 
 UNUSED = 1e29        # fit_op_rate gives 1e30 FLOP/s or bytes/s for a term it does not use
 

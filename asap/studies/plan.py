@@ -21,7 +21,7 @@ from asap.measure.report import cell, text_table
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
-from asap.sim.experiments import TARGET, TRACE, at_rate, with_slo
+from asap.studies.experiments import TARGET, TRACE, at_rate, with_slo
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
@@ -46,7 +46,7 @@ def apply_slo(requests: list[Request], slo: "str | SLO | IdleMultiple", model, h
               token_budget: int = 16384) -> list[Request]:
     """Deadlines from an asap.workload.slo spec: a time budget ("10s", "2s+1ms/tok") as every command takes,
     or "5x" = 5 x the idle sync TTFT of max(L, token_budget) tokens on `devices` devices
-    (asap.sim.experiments.with_slo)."""
+    (asap.studies.experiments.with_slo)."""
     try:
         spec = parse_slo(slo, relative=True)
     except ValueError as e:
@@ -198,13 +198,13 @@ def format_plan(p: Plan) -> str:
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
                  slo="2s+1ms/tok", num_requests: int = 600, verbose: bool = False) -> dict:
-    """The best-tuned configuration of each engine (SIMULATED; asap.sim.tune, the same search and budget for
+    """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
     workload: a name of asap.workload.presets or a trace path; slo: an asap.workload.slo spec.
-    EngineConfig.sim_kw() gives the keywords for asap.sim.run.run; None where no candidate has a valid rate
+    EngineConfig.spec() gives the engine asap.sim.run.run simulates; None where no candidate has a valid rate
     (Tuned.reason says why)."""
-    from asap.sim.tune import tune
+    from asap.studies.tune import tune
     from asap.workload.presets import workload_requests
     requests = parse_slo(slo).apply(workload_requests(workload, num_requests))
     results = {engine: tune(requests, engine, devices, model, hardware, verbose=verbose)

@@ -1,4 +1,4 @@
-"""Timing the model's own kernels at given shapes, for `asap profile` (asap/sim/profile.py).
+"""Timing the model's own kernels at given shapes, for `asap profile` (asap/studies/profile.py).
 
 A KernelProfiler answers "how long does this kernel take at this shape" in two passes: the first
 time a question is asked it registers the kernel (and answers 0); `measure` then times everything

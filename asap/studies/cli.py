@@ -1,6 +1,6 @@
 """`asap sim {headline,calibrate,speed,trace,validate}` and `asap profile`.
 
-The sim sub-commands are asap/sim/__main__.py's (`python -m asap.sim`); validate comes from the bench layer
+The sim sub-commands are asap/studies/__main__.py's (`python -m asap.sim`); validate comes from the bench layer
 above, passed in by asap/cli.py."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 
 
 def register(sub, extra=()):
-    from asap.sim.__main__ import add_commands, run_command
+    from asap.studies.__main__ import add_commands, run_command
     p = sub.add_parser("sim", help="the discrete-event simulator: headline, calibrate, speed, trace, validate",
                        description="The discrete-event simulator (every figure it prints is SIMULATED; validate "
                                    "also runs EMULATED and REAL). `asap sim COMMAND --help` gives each command's "
@@ -37,7 +37,7 @@ def register(sub, extra=()):
 def run_profile(args) -> int:
     import dataclasses
 
-    from asap.sim.profile import Sizes, profile
+    from asap.studies.profile import Sizes, profile
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats is not None and args.repeats < 1:

@@ -1,6 +1,6 @@
 """Workload helpers shared by the tuner, `asap plan` and `asap ablation` (all results SIMULATED).
 
-The headline lives in asap/sim/headline.py and judges both engines on peer-style SLOs
+The headline lives in asap/studies/headline.py and judges both engines on peer-style SLOs
 (asap.workload.slo). The older relative SLO stays here for `asap plan --slo 5x` and the ablation:
 a request of L prompt tokens must see its first
 token within SLO_SCALE (5) x t_ref(max(L, token_budget)), where t_ref(n) is the TTFT

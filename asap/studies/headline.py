@@ -1,7 +1,7 @@
 """`asap sim headline`: best-tuned sync against best-tuned async (every figure SIMULATED).
 
 For each workload (asap.workload.presets) and device count: both engines are tuned by the same search
-with the same budget (asap.sim.tune) under the same per-request TTFT deadlines (asap.workload.slo), and
+with the same budget (asap.studies.tune) under the same per-request TTFT deadlines (asap.workload.slo), and
 the row prints each engine's best configuration, its SLO-compliant throughput (the highest rate with
 >= 90% of requests within their deadline, from a valid search only), the P90 TTFT at that rate, and the
 ratio. Coarse to fine: the first device count searches each engine's whole space; every larger count
@@ -24,13 +24,13 @@ from asap.measure.buckets import by_length, format_buckets, min_bucket_attainmen
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.cost.hardware import get_hardware
-from asap.sim.code_version import fingerprint
-from asap.sim.experiments import at_rate
+from asap.studies.code_version import fingerprint
+from asap.studies.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
-from asap.sim.parallel import Progress, Serial
+from asap.studies.parallel import Progress, Serial
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
-from asap.sim.tune import CRITERIA, REFINE, EngineConfig, space, tune
+from asap.studies.tune import CRITERIA, REFINE, EngineConfig, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -76,7 +76,7 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
     mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
 
     def measure(rate):
-        res = run(at_rate(requests, rate), c.engine, model, hardware, devices, c.attention_workers, **c.sim_kw())
+        res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
         return summarize(res.results)
     return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10,
                          burst_above=burst_limit(len(requests), mean_budget))
@@ -84,7 +84,7 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
 
 def buckets_at(requests, c: EngineConfig, devices: int, model, hardware, rate: float) -> dict:
     """Attainment per prompt-length bucket of one configuration at one rate (asap.measure.buckets)."""
-    res = run(at_rate(requests, rate), c.engine, model, hardware, devices, c.attention_workers, **c.sim_kw())
+    res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
     return {"overall": summarize(res.results)["slo_attainment"], "min_bucket": min_bucket_attainment(res.results),
             "buckets": by_length(res.results)}
 
@@ -95,7 +95,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
-    executor (asap.sim.parallel): runs each tune's screen and fine searches side by side (the same rows as
+    executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
@@ -211,7 +211,7 @@ def _tune_engine(job: tuple) -> tuple:
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
              prefix_cache: bool = False, num_requests: int | None = None) -> dict:
-    """code_fingerprint: the simulation code the rows ran on (asap.sim.code_version), so a stored copy can
+    """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
@@ -335,12 +335,11 @@ def _write_traces(row, base_slo, workload, num_requests, model, hardware, out_di
         if cfg is None:
             continue
         c = EngineConfig(**cfg)
-        kw = c.sim_kw()
-        kw.pop("instances", None)       # a trace shows one instance: its share of the requests and of the rate
+        # a trace shows one instance: its share of the requests and of the rate
         reqs = at_rate(base[: max(2, len(base) // c.instances)], rate / c.instances)
         mid = reqs[len(reqs) // 2].arrival
-        res = run(reqs, engine, model, hardware, row["devices"] // c.instances, c.attention_workers,
-                  trace_window=(mid, mid + trace_s), **kw)
+        one = dataclasses.replace(c, instances=1)
+        res = run(reqs, one.spec(model, hardware, row["devices"] // c.instances, trace_window=(mid, mid + trace_s)))
         write_trace(res.spans, Path(out_dir) / f"trace_{engine}_{row['devices']}.json")
 
 

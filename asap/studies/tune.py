@@ -44,9 +44,9 @@ from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
-from asap.sim.experiments import at_rate
+from asap.studies.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
-from asap.sim.parallel import Executor, Progress, Serial
+from asap.studies.parallel import Executor, Progress, Serial
 from asap.sim.run import balanced_split, get_model, run
 from asap.sim.spec import EngineSpec
 
@@ -80,7 +80,8 @@ class EngineConfig:
     selector: str = "oldest"            # async: expert work selection (asap.scheduler.expert_select.SELECTORS)
     max_wait_s: float | None = None     # async, selector "fullest": its age bound (None: its default)
 
-    def sim_kw(self) -> dict:
+    def _spec_fields(self) -> dict:
+        """The EngineSpec fields this configuration sets (the rest keep the spec's defaults)."""
         kw = dict(attention_tp=self.attention_tp, token_budget=self.token_budget, router=self.router,
                   redundant_experts=self.redundant_experts, instances=self.instances)
         if self.prefix_cache:
@@ -105,7 +106,7 @@ class EngineConfig:
     def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
         """This configuration as the simulator's typed engine (asap.sim.spec.EngineSpec); settings: the rest
         (zipf, trace_window, ...)."""
-        return EngineSpec(self.engine, model, hardware, devices, self.attention_workers, **self.sim_kw(), **settings)
+        return EngineSpec(self.engine, model, hardware, devices, self.attention_workers, **self._spec_fields(), **settings)
 
     def describe(self, devices: int) -> str:
         return (self._describe(devices) + (f", {self.router} router" if self.router != "queue-aware" else "")
@@ -309,7 +310,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     prompt-length bucket, asap.measure.buckets).
     screen: screen the candidates before the rate searches (default: when there are more than FINALISTS).
     cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated.
-    executor (asap.sim.parallel): runs the screen's simulations and the fine searches side by side; the
+    executor (asap.studies.parallel): runs the screen's simulations and the fine searches side by side; the
     result is the same as a serial run's (default). progress: prints a line per simulation (to stderr)."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
@@ -361,7 +362,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             start = _closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
             sims += 1
         screened = _screen(cands, measure_for, burst_of, len(requests), start, target, key, prefetch)
-        if candidates is None:      # the secondary knobs of the best primary candidates (asap.sim.tune.space)
+        if candidates is None:      # the secondary knobs of the best primary candidates (asap.studies.tune.space)
             more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c) if v not in screened]
             if prefix_cache:
                 more = [dataclasses.replace(v, prefix_cache=True) for v in more]
@@ -452,7 +453,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
 def _simulate(task: tuple) -> dict:
     """One simulation of a search, the summary it is ranked by (a module-level function: an executor's task)."""
     reqs, rate, engine, model, hardware, devices, c, zipf, progress = task
-    res = run(at_rate(reqs, rate), engine, model, hardware, devices, c.attention_workers, zipf=zipf, **c.sim_kw())
+    res = run(at_rate(reqs, rate), c.spec(model, hardware, devices, zipf=zipf))
     out = summarize(res.results)
     out["buckets"] = by_length(res.results)
     out["min_bucket_attainment"] = min_bucket_attainment(res.results)
@@ -541,7 +542,7 @@ def _screen_cols(sc: dict | None) -> dict:
 def _closed_batch_rate(requests, engine, devices, model, hardware, c: EngineConfig, zipf: float) -> float:
     """Half the rate a closed batch of the first requests (all arriving at 0) drains at: a search start."""
     sample = [dataclasses.replace(r, arrival=0.0, deadline=None) for r in requests[:max(2 * devices, 64)]]
-    res = run(sample, engine, model, hardware, devices, c.attention_workers, zipf=zipf, **c.sim_kw())
+    res = run(sample, c.spec(model, hardware, devices, zipf=zipf))
     return 0.5 * len(sample) / max(r.ttft for r in res.results)
 
 

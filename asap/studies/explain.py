@@ -1,6 +1,6 @@
 """`asap sim explain`: where the time of a simulated run goes, per die (every figure SIMULATED).
 
-For one configuration (asap.sim.tune.EngineConfig) at one rate, over a window of the run (by default the
+For one configuration (asap.studies.tune.EngineConfig) at one rate, over a window of the run (by default the
 middle third of the arrivals, at most WINDOW_S seconds: a steady state, and a bounded number of spans):
 - every unit of dies gets busy / stall / idle seconds that add up to the window:
   - sync: a rank is one DP group (attention TP dies; it also holds 1/N of the experts). busy = its
@@ -34,11 +34,11 @@ from asap.scheduler.expert_select import SELECTORS
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.events import Arrival
-from asap.sim.experiments import at_rate
+from asap.studies.experiments import at_rate
 from asap.sim.hardware import get_hardware
 from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances
 from asap.sim.simulator import Simulator
-from asap.sim.tune import EngineConfig
+from asap.studies.tune import EngineConfig
 from asap.workload.slo import add_slo_flag, parse_slo
 
 LABEL = "SIMULATED"
@@ -100,15 +100,6 @@ def _steps(starts: list[float], spans: list[tuple[float, float]]) -> list[tuple[
     return list(zip(starts, ends))
 
 
-def _build(*args, **kw):
-    """build_engine from run()'s arguments, through the typed engine spec where there is one."""
-    try:
-        from asap.sim.spec import spec_of
-    except ImportError:         # before the engine spec (asap.sim.spec) landed
-        return build_engine(*args, **kw)
-    return build_engine(spec_of(*args, **kw))
-
-
 def explain(requests: list[Request], config: EngineConfig, devices: int, rate: float, model="deepseek-v3",
             hardware="cloudmatrix384", window: tuple[float, float] | None = None) -> dict:
     """The breakdown of `config` serving `requests` (with deadlines) at `rate` req/s on `devices` devices."""
@@ -117,8 +108,7 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     if not rate > 0:
         raise ValueError(f"rate must be > 0 req/s, got {rate}")
     reqs = at_rate(requests, rate)
-    kw = config.sim_kw()
-    instances = kw.pop("instances", 1)
+    instances = config.instances
     if devices % instances:
         raise ValueError(f"{instances} instances do not divide {devices} devices")
     per = devices // instances
@@ -138,8 +128,8 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     lo, hi = window
     if not hi > lo:
         raise ValueError(f"window {window} is empty")
-    eng = _build(config.engine, cfg, hw, per, config.attention_workers, prompt_len=prompt_len,
-                 trace_window=(lo, hi), **kw)
+    one = dataclasses.replace(config, instances=1)        # the instance explained
+    eng = build_engine(one.spec(model, hardware, per, prompt_len=prompt_len, trace_window=(lo, hi)))
     # trace every rank / replica (the engines trace the first 8 by default, for Chrome traces)
     eng.trace_ranks = eng.trace_replicas = len(eng.schedulers)
     if config.engine == "async" and config.attention_workers is None:     # the balanced split the engine chose

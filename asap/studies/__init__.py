@@ -1,0 +1,16 @@
+"""Studies on the simulator: what the project measures with it, above the engine.
+
+- tune.py        the configuration search (EngineConfig, space, tune): one rule for both engines
+- headline.py    `asap sim headline`: best-tuned sync vs best-tuned async per workload and cluster size
+- plan.py        `asap plan`: the analytic A:E split and a short search for one deployment
+- explain.py     `asap sim explain`: where a simulated run's time goes (busy / stall / idle, link, batches)
+- calibrate.py   the cost model against every published prefill point; op-rate fits
+- experiments.py requests at a rate, the SLO rule of 5x the idle TTFT, reference TTFTs
+- profile.py, kernels.py  `asap profile`: time the runtime's real kernels and fit this CPU's profile
+- parallel.py    run a search's simulations serially, in a process pool or on Ray
+- code_version.py the fingerprint of the code a stored simulated result depends on
+- cli.py, __main__.py  the `asap sim` / `python -m asap.sim` commands
+
+The simulator itself (asap.sim) sits below the engine; studies sit above it because profiling drives the
+runtime's kernels, and nothing below imports a study.
+"""
