@@ -87,8 +87,8 @@ def test_cached_preset_written_from_an_older_preset_is_rewritten(tmp_path, monke
 
 
 def test_block_fp8_preset_is_stored_in_fp8_and_approximates_the_preset(tmp_path):
-    """`asap make-model --fp8`: e4m3 weights with per-block scales (experts kept FP8, the rest dequantised
-    at load); the logits stay within fp8's rounding of the unquantised preset's (same seed)."""
+    """`asap make-model --fp8`: e4m3 weights with per-block scales (kept FP8 in memory: tests/test_model_fp8.py);
+    the logits stay within fp8's rounding of the unquantised preset's (same seed)."""
     from safetensors import safe_open
     from asap.model.materialize import materialize
     out = materialize("tiny-deepseek-v3", tmp_path / "fp8", fp8_block=(16, 16))

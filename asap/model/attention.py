@@ -6,8 +6,10 @@ its softmax scale; biases and q/k norms are applied when the layer has them.
 Shape legend: T packed tokens, n tokens of one chunk, Lk = start+n keys of its
 request, H heads, Hkv kv heads, d head dim, r kv_lora_rank, R rope dim.
 Weights `w` are one layer's tensors keyed by HF names without the
-"model.layers.{i}." prefix. Projections run once over the packed batch; only
-the SDPA call runs per chunk (per request, never per token).
+"model.layers.{i}." prefix; a projection weight is a tensor or a block-FP8
+weight kept FP8 (asap.model.layers.linear runs both). Projections run once
+over the packed batch; only the SDPA call runs per chunk (per request, never
+per token).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 
 from asap.model.config import ModelConfig
 from asap.model.batch import Batch, KVCache
-from asap.model.layers import Rotary, rms_norm
+from asap.model.layers import Rotary, linear, rms_norm
 
 
 # Device types where MLA's V is padded to the q/k head dim, and where masked GQA expands K/V (tests flip them).
@@ -52,12 +54,12 @@ def mla(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, 
     H, dn, R, r, dv = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
     T = x.shape[0]
     if cfg.q_lora_rank:
-        q = F.linear(rms_norm(F.linear(x, w["self_attn.q_a_proj.weight"], w.get("self_attn.q_a_proj.bias")),
+        q = linear(rms_norm(linear(x, w["self_attn.q_a_proj.weight"], w.get("self_attn.q_a_proj.bias")),
                               w["self_attn.q_a_layernorm.weight"], cfg.rms_norm_eps), w["self_attn.q_b_proj.weight"])
     else:
-        q = F.linear(x, w["self_attn.q_proj.weight"])
+        q = linear(x, w["self_attn.q_proj.weight"])
     q = q.view(T, H, dn + R)                                               # [T,H,dn+R]
-    ckv = F.linear(x, w["self_attn.kv_a_proj_with_mqa.weight"], w.get("self_attn.kv_a_proj_with_mqa.bias"))  # [T,r+R]
+    ckv = linear(x, w["self_attn.kv_a_proj_with_mqa.weight"], w.get("self_attn.kv_a_proj_with_mqa.bias"))  # [T,r+R]
     latent = rms_norm(ckv[:, :r], w["self_attn.kv_a_layernorm.weight"], cfg.rms_norm_eps)
     cos, sin = rope.cos_sin(batch.positions, x.dtype)
     q = torch.cat((q[..., :dn], rope.apply(q[..., dn:], cos, sin)), dim=-1)
@@ -67,20 +69,20 @@ def mla(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, 
         kv.write(c.request_id, layer, c.start, kv_latent=latent[rows], k_rope=k_rope[rows])
         cache = kv.read(c.request_id, layer, c.start + c.num_tokens)
         lk = cache["kv_latent"].shape[0]
-        kvb = F.linear(cache["kv_latent"], w["self_attn.kv_b_proj.weight"]).view(lk, H, dn + dv)
+        kvb = linear(cache["kv_latent"], w["self_attn.kv_b_proj.weight"]).view(lk, H, dn + dv)
         k = torch.cat((kvb[..., :dn], cache["k_rope"][:, None, :].expand(lk, H, R)), dim=-1)   # [Lk,H,dn+R]
         v = kvb[..., dn:]                                                                      # [Lk,H,dv]
         out[rows] = _sdpa(q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), c.start, scale)
-    return F.linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))
+    return linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))
 
 
 def gqa(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, batch: Batch, kv: KVCache,
         layer: int):
     H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     T = x.shape[0]
-    q = F.linear(x, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias")).view(T, H, d)
-    k = F.linear(x, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias")).view(T, Hkv, d)
-    v = F.linear(x, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias")).view(T, Hkv, d)
+    q = linear(x, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias")).view(T, H, d)
+    k = linear(x, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias")).view(T, Hkv, d)
+    v = linear(x, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias")).view(T, Hkv, d)
     if cfg.qk_norm:
         q = rms_norm(q, w["self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
@@ -92,4 +94,4 @@ def gqa(cfg: ModelConfig, rope: Rotary, scale: float, w: dict, x: torch.Tensor, 
         cache = kv.read(c.request_id, layer, c.start + c.num_tokens)
         out[rows] = _sdpa(q[rows].transpose(0, 1), cache["k"].transpose(0, 1), cache["v"].transpose(0, 1),
                           c.start, scale, gqa=H != Hkv)
-    return F.linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))
+    return linear(out.reshape(T, -1), w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from asap.model.fp8 import BlockFp8Weight, fp8_linear
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 whatever the storage dtype, as the HF reference does.
@@ -15,10 +17,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def gated_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU FFN. x [T,D], gate_up [2I,D] (gate rows then up rows), down [D,I] -> [T,D]."""
-    g, u = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(g) * u, down)
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), for every projection of the model math: a weight is a tensor in the runtime
+    dtype, or a block-FP8 weight kept FP8 in memory (asap.model.fp8.BlockFp8Weight, a block-FP8 checkpoint's)."""
+    if isinstance(weight, BlockFp8Weight):
+        return fp8_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def gated_ffn(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """SwiGLU FFN. x [T,D], gate_up [2I,D] (gate rows then up rows), down [D,I] -> [T,D]; tensors or
+    block-FP8 weights (`linear`)."""
+    g, u = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(F.silu(g) * u, down)
 
 
 class Rotary:

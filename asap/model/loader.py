@@ -4,10 +4,13 @@ A caller loads only its slice (the attention side, or a subset of experts of
 every MoE layer); safetensors reads tensors by name from a memory map, so no
 other tensor is read into memory. Every tensor read is checked against the
 config (asap.model.tensors): present, of the expected shape, finite. Block-FP8
-expert weights stay FP8 with their scales (asap.model.moe.ExpertShard); the
-other block-FP8 weights are dequantised into the runtime dtype as they are read
-(asap.model.quant). Multi-token-prediction layers (index >= num_hidden_layers)
-are never read. Anything wrong is one ModelLoadError naming the file and tensor.
+weights stay FP8 with their scales (keep_fp8): the experts in
+asap.model.moe.ExpertShard, the attention side's linear weights as
+asap.model.fp8.BlockFp8Weight. With keep_fp8=False the attention side's are
+dequantised into the runtime dtype as they are read (asap.model.quant): the
+old layout, the reference the FP8 one is checked against. Multi-token-
+prediction layers (index >= num_hidden_layers) are never read. Anything wrong
+is one ModelLoadError naming the file and tensor.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from safetensors import safe_open
 
 from asap.model.config import ModelConfig
 from asap.model.errors import ModelLoadError
+from asap.model.fp8 import BlockFp8Weight
 from asap.model.moe import ExpertShard
 from asap.model.quant import SCALE_SUFFIX, check_scale, dequantize
 from asap.model.stages import AttentionSide
@@ -155,30 +159,59 @@ class Checkpoint:
         return t
 
 
-def _fuse_ffns(w: dict) -> dict:
+# Attention-side tensors not run through asap.model.layers.linear: a block-FP8 one among them (no known
+# checkpoint has one) is dequantised at load. The router stays float32, as in HF.
+_NOT_LINEAR = ("model.embed_tokens.weight", "lm_head.weight", "mlp.gate.weight")
+
+
+def _as_runtime_weight(name: str, t, block: tuple[int, int] | None, dtype: torch.dtype):
+    """A tensor read with keep_fp8: a (float8 weight, float32 scale) pair becomes a BlockFp8Weight (kept FP8),
+    unless `name` is one of _NOT_LINEAR; anything else is returned as read."""
+    if not isinstance(t, tuple):
+        return t
+    w = BlockFp8Weight(t[0], t[1], block)
+    return w.dequantize(dtype) if name.endswith(_NOT_LINEAR) else w
+
+
+def _cat_rows(parts: list, dtype: torch.dtype):
+    """Stack projections along their output rows (gate then up): one BlockFp8Weight where all are block-FP8
+    and their blocks line up (asap.model.fp8.BlockFp8Weight.cat_rows), else one tensor in `dtype` (a
+    block-FP8 part dequantised: the numbers dequantising at load gives)."""
+    if all(isinstance(p, BlockFp8Weight) for p in parts):
+        fused = BlockFp8Weight.cat_rows(parts)
+        if fused is not None:
+            return fused
+    return torch.cat([p.dequantize(dtype) if isinstance(p, BlockFp8Weight) else p for p in parts], dim=0)
+
+
+def _fuse_ffns(w: dict, dtype: torch.dtype) -> dict:
     """Concatenate gate and up projections so each FFN is two GEMMs."""
     for prefix in ("mlp.", "mlp.shared_experts."):
         g = w.pop(prefix + "gate_proj.weight", None)
         if g is not None:
-            w[prefix + "gate_up"] = torch.cat((g, w.pop(prefix + "up_proj.weight")), dim=0)
+            w[prefix + "gate_up"] = _cat_rows([g, w.pop(prefix + "up_proj.weight")], dtype)
     return w
 
 
-def load_attention_side(path, dtype=None, device="cpu") -> AttentionSide:
+def load_attention_side(path, dtype=None, device="cpu", keep_fp8: bool = True) -> AttentionSide:
     """Embeddings, every layer's non-expert weights, the final norm and LM head.
-    dtype None: the checkpoint's torch_dtype (float32 when it names none)."""
+    dtype None: the checkpoint's torch_dtype (float32 when it names none).
+    keep_fp8: a block-FP8 checkpoint's linear weights stay FP8 in memory (BlockFp8Weight, run by
+    asap.model.layers.linear); False dequantises them into `dtype` at load. No effect on other checkpoints."""
     ck = Checkpoint(path)
     cfg = ck.config
     dtype = runtime_dtype(cfg, dtype)
     shapes = attention_side_tensors(cfg)
-    t = ck.read(list(shapes), dtype, device, shapes)
+    keep_fp8 = keep_fp8 and cfg.quant is not None
+    block = cfg.quant.block if keep_fp8 else None
+    t = {n: _as_runtime_weight(n, v, block, dtype) for n, v in ck.iter(list(shapes), dtype, device, shapes, keep_fp8)}
     layers: list[dict] = [{} for _ in range(cfg.num_layers)]
     for n, v in t.items():
         m = _LAYER.match(n)
         if m:
             layers[int(m.group(1))][m.group(2)] = v
     for w in layers:
-        _fuse_ffns(w)
+        _fuse_ffns(w, dtype)
         for k in ("mlp.gate.weight", "mlp.gate.e_score_correction_bias"):
             if k in w:                                  # the router is kept in fp32, as in HF
                 w[k] = w[k].float()

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from asap.model.config import ModelConfig
+from asap.model.quant import dequantize_into
 
 
 def gate(cfg: ModelConfig, w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,17 +87,11 @@ class ExpertShard:
 
 
 def dequantize_stacked(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], out: torch.Tensor):
-    """w [El,O,I] float8 with scale [El,ceil(O/bo),ceil(I/bi)] -> out[:] = w * scale, one expert at a time in
-    float32 (the arithmetic the loader used at load: the same numbers), so the float32 transient is one expert."""
-    El, O, I = w.shape
-    bo, bi = block
-    if O % bo == 0 and I % bi == 0:     # whole blocks: broadcast the scales, no expanded [O,I] scale tensor
-        nO, nI = O // bo, I // bi
-        for e in range(El):
-            out[e].view(nO, bo, nI, bi).copy_(w[e].float().view(nO, bo, nI, bi) * scale[e][:, None, :, None])
-        return out
-    for e in range(El):
-        out[e] = w[e].float() * scale[e].repeat_interleave(bo, 0)[:O].repeat_interleave(bi, 1)[:, :I]
+    """w [El,O,I] float8 with scale [El,ceil(O/bo),ceil(I/bi)] -> out[:] = w * scale, one expert at a time
+    through asap.model.quant.dequantize_into (the arithmetic the loader uses: the same numbers), so the
+    float32 transient stays bounded."""
+    for e in range(w.shape[0]):
+        dequantize_into(w[e], scale[e], block, out[e])
     return out
 
 

@@ -4,11 +4,11 @@ Format: a linear weight W [out, in] is stored as float8_e4m3fn, and beside it
 `<name>_scale_inv` [ceil(out/bo), ceil(in/bi)] float32 holds one scale per
 bo x bi block; the real weight is W * scale (block-wise). Tensors without a
 `_scale_inv` companion (embeddings, norms, the router, the LM head) are stored
-in a normal dtype. The routed experts (nearly all of a DeepSeek-V3's bytes)
-stay FP8 in memory with their scales (asap.model.moe.ExpertShard dequantises
-one layer when it runs); the attention side's weights are dequantised into the
-runtime dtype one tensor at a time as a worker reads them, so peak memory
-stays one tensor above the slice.
+in a normal dtype. Loaded, block-FP8 weights stay FP8 in memory with their
+scales: the routed experts in asap.model.moe.ExpertShard (one layer dequantised
+when it runs), every other linear weight as an asap.model.fp8.BlockFp8Weight
+(run by asap.model.layers.linear). `dequantize` here is the one dequantisation
+all of them use, so every path computes the same numbers.
 """
 from __future__ import annotations
 
@@ -80,17 +80,36 @@ def check_scale(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int,
 
 def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype,
                name: str = "", source="") -> torch.Tensor:
-    """W [out,in] float8 and scale_inv [ceil(out/bo), ceil(in/bi)] -> W * scale in `dtype`, one block row at a time."""
+    """W [out,in] float8 and scale_inv [ceil(out/bo), ceil(in/bi)] -> W * scale in `dtype`, on W's device."""
     check_scale(weight, scale_inv, block, name, source)
-    out_f, in_f = weight.shape
+    out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
+    return dequantize_into(weight, scale_inv.float(), block, out)
+
+
+# Elements dequantised per step in float32 (32 MiB): bounds the transient whatever the weight's size.
+DEQUANT_STEP_ELEMS = 2**23
+
+
+def dequantize_into(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                    out: torch.Tensor) -> torch.Tensor:
+    """out[:] = weight * scale block-wise, whole rows of blocks at a time (about DEQUANT_STEP_ELEMS each).
+
+    Each element is the float32 product fp8(w) * scale rounded once to out's dtype, however the rows are
+    stepped through: every caller (load, expert shard, a linear at compute time) gets the same bits."""
+    O, I = weight.shape
     bo, bi = block
-    result = torch.empty(out_f, in_f, dtype=dtype)
-    scale = scale_inv.float()
-    for r in range(scale.shape[0]):                 # one row of blocks in float32 at a time
-        rows = slice(r * bo, min((r + 1) * bo, out_f))
-        w = weight[rows].float() * scale[r].repeat_interleave(bi)[:in_f][None, :]
-        result[rows] = w.to(dtype)
-    return result
+    step = bo * max(1, DEQUANT_STEP_ELEMS // (bo * max(I, 1)))
+    whole_cols = I % bi == 0
+    for r0 in range(0, O, step):
+        r1 = min(r0 + step, O)
+        s = scale[r0 // bo: -(-r1 // bo)]
+        if whole_cols and (r1 - r0) % bo == 0:      # whole blocks: broadcast the scales, no expanded copy
+            nO, nI = (r1 - r0) // bo, I // bi
+            out[r0:r1].view(nO, bo, nI, bi).copy_(weight[r0:r1].float().view(nO, bo, nI, bi) * s[:, None, :, None])
+        else:
+            full = s.repeat_interleave(bo, 0)[:r1 - r0].repeat_interleave(bi, 1)[:, :I]
+            out[r0:r1] = weight[r0:r1].float() * full
+    return out
 
 
 def quantize(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:

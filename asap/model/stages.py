@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from asap.model.config import ModelConfig
 from asap.model.batch import Batch, KVCache
+from asap.model.fp8 import BlockFp8Weight
 from asap.model.layers import gated_ffn, rms_norm
 from asap.model.moe import ExpertShard, combine, expert_stage, gate
 
@@ -26,13 +27,19 @@ class AttentionSide:
     """Everything an attention worker holds: embeddings, per-layer non-expert weights, head."""
     cfg: ModelConfig
     embed: torch.Tensor                 # [V,D]
-    layers: list[dict]                  # per layer, HF names without "model.layers.{i}."
+    layers: list[dict]                  # per layer, HF names without "model.layers.{i}." (tensors or BlockFp8Weight)
     norm: torch.Tensor                  # [D]
     lm_head: torch.Tensor               # [V,D]
 
     def __post_init__(self):
         # The family binds its attention to this config: RoPE table, softmax scale, KV layout.
         self._attend = self.cfg.family.build_attention(self.cfg, self.embed.device)
+
+    def nbytes(self) -> int:
+        """Resident bytes of every weight held (block-FP8 weights: the FP8 bytes and their scales)."""
+        ws = [self.embed, self.norm, *(w for layer in self.layers for w in layer.values())]
+        ws += [self.lm_head] if self.lm_head is not self.embed else []
+        return sum(w.nbytes() if isinstance(w, BlockFp8Weight) else w.numel() * w.element_size() for w in ws)
 
 
 @dataclass
