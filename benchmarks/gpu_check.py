@@ -135,7 +135,7 @@ def phase_layer(device: str, tokens: list[int]) -> dict:
             w[name[len("model.layers.0."):]] = (1.0 + 0.1 * torch.randn(shape, generator=g, device=dev)
                                                  if name.endswith("norm.weight") else
                                                  0.02 * torch.randn(shape, generator=g, device=dev)).to(dt)
-    _fuse_ffns(w)
+    _fuse_ffns(w, dt)
     for k in ("mlp.gate.weight", "mlp.gate.e_score_correction_bias"):
         w[k] = w[k].float()
     side = AttentionSide(cfg, torch.zeros(1, cfg.hidden_size, dtype=dt, device=dev), [w],
