@@ -289,11 +289,12 @@ def split_by_length(requests: list[Request], min_tokens: int, tokens_per_s: tupl
     return out
 
 
-def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:
-    """A sync length-aware fleet on one instance's devices: two independent sync deployments, the narrow one
-    (DP groups of attention_tp) and the wide one (wide_replicas DP groups of wide_tp, EP over its own devices),
-    behind split_by_length. Sync cannot share one EP domain between DP groups of different TP (SGLang's DP
-    attention runs one TP size), so an operator runs two deployments and a length-aware proxy."""
+def sync_fleet_parts(own: list[Request], spec: EngineSpec) -> list[tuple[str, list[Request], EngineSpec]]:
+    """A sync length-aware fleet on one instance's devices as [(name, its requests, its spec)] for its two
+    independent sync deployments: the narrow one (DP groups of attention_tp) and the wide one (wide_replicas
+    DP groups of wide_tp, EP over its own devices), the requests split by split_by_length. Sync cannot share
+    one EP domain between DP groups of different TP (SGLang's DP attention runs one TP size), so an operator
+    runs two deployments and a length-aware proxy."""
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
     wide_devices = spec.wide_replicas * spec.wide_tp
     parts_spec = (spec.replace(devices=spec.devices - wide_devices, wide_replicas=0),
@@ -308,10 +309,15 @@ def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:
         rate.append(per_rank * (s.devices // s.attention_tp))
         rank.append(per_rank)
     split = split_by_length(own, spec.wide_from_tokens, tuple(rate), tuple(rank))
+    return list(zip(("narrow", "wide"), split, parts_spec))
+
+
+def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:
+    """A sync length-aware fleet (sync_fleet_parts), its deployments merged into one run."""
+    parts = sync_fleet_parts(own, spec)
     # a deployment without requests is not simulated; with none at all, the narrow one runs empty
-    runs = {name: run(p, s, until=until) for name, p, s in zip(("narrow", "wide"), split, parts_spec) if p} \
-        or {"narrow": run([], parts_spec[0], until=until)}
-    ranks = sum(s.devices // s.attention_tp for s in parts_spec)        # every DP group, whether it got work or not
+    runs = {name: run(p, s, until=until) for name, p, s in parts if p} or {"narrow": run([], parts[0][2], until=until)}
+    ranks = sum(s.devices // s.attention_tp for _, _, s in parts)       # every DP group, whether it got work or not
     return _merged(own, list(runs.values()), spec, ranks, spec.devices,
                    {"fleet": {name: dict(p.stats, num_requests=len(p.results)) for name, p in runs.items()}})
 
