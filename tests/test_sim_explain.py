@@ -84,3 +84,44 @@ def test_a_colocated_run_is_explained_with_every_die_counted_once_and_a_window_m
     assert plain["stats"]["attention_stretch_s"] > 0
     assert held["expert_batches"]["mean_tokens"] > plain["expert_batches"]["mean_tokens"]
     assert "co-located" in format_explain(plain) and "expert window 2 ms" in held["describe"]
+
+
+def _mixed():
+    """Short prompts and a few long ones (>= the fleets' 4K threshold below)."""
+    return SLO(0.05, 1e-5).apply([Request(i, 6000 if i % 10 == 0 else 600, 0.004 * i) for i in range(200)])
+
+
+def test_a_sync_fleet_is_explained_per_deployment_with_every_die_and_request_once():
+    fleet = EngineConfig("sync", 1, 2048, wide_replicas=1, wide_tp=4, wide_from_tokens=4096)
+    x = explain(_mixed(), fleet, 8, rate=100.0, **SMALL, window=(0.2, 0.7))
+    names = [d["deployment"] for d in x["deployments"]]
+    assert names == ["narrow", "wide"] and "fleet" in x["describe"]
+    assert sum(d["num_requests"] for d in x["deployments"]) == x["num_requests"] == 200
+    assert sum(u["dies"] for d in x["deployments"] for u in d["units"]) == 8      # DP4 x TP1 + DP1 x TP4
+    for d in x["deployments"]:
+        for u in d["units"]:
+            assert u["busy_s"] + u["stall_s"] + u["idle_s"] == pytest.approx(x["wall_s"], abs=1e-9)
+    assert x["deployments"][1]["buckets"]["<4K"]["num_requests"] <= x["deployments"][0]["buckets"]["<4K"]["num_requests"]
+    text = format_explain(x)
+    assert text.count("deployment ") == 2 and text.count("[SIMULATED]") == len(text.splitlines())
+
+
+def test_an_async_fleet_names_its_wide_replicas_and_counts_their_dies():
+    fleet = EngineConfig("async", 1, 2048, colocated=True, wide_replicas=1, wide_tp=4, wide_from_tokens=4096)
+    x = explain(_mixed(), fleet, 8, rate=100.0, **SMALL, window=(0.2, 0.7))
+    attention = [u for u in x["units"] if u["role"].startswith("attention")]
+    assert [u["role"] for u in attention].count("attention >= 4K") == 1
+    assert sum(u["dies"] for u in attention) == 8 and [u["dies"] for u in attention][-1] == 4
+    assert "attention >= 4K" in format_explain(x)
+
+
+def test_the_explain_command_takes_a_whole_configuration_as_json(capsys):
+    from asap.cli import main
+    small = ["--devices", "8", "--rate", "50", "--workload", "fixed-2k", "--num-requests", "100",
+             "--model", "small-deepseek-v3", "--hardware", "h800"]
+    assert main(["sim", "explain", "--config", '{"engine": "async", "attention_workers": 4}', *small]) == 0
+    assert "A=4 x TP1 + E=4" in capsys.readouterr().out
+    for bad, why in (("[1]", "JSON object"), ('{"engine": "sync", "nope": 1}', "EngineConfig fields"), ("{", "JSON")):
+        assert main(["sim", "explain", "--config", bad, *small]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["sim", "explain", *small]) == 2 and "--engine" in capsys.readouterr().err

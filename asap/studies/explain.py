@@ -36,7 +36,7 @@ from asap.sim.cost import CostModel
 from asap.sim.events import Arrival
 from asap.studies.experiments import at_rate
 from asap.sim.hardware import get_hardware
-from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances
+from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances, sync_fleet_parts
 from asap.sim.simulator import Simulator
 from asap.studies.tune import EngineConfig
 from asap.workload.slo import add_slo_flag, parse_slo
@@ -102,7 +102,9 @@ def _steps(starts: list[float], spans: list[tuple[float, float]]) -> list[tuple[
 
 def explain(requests: list[Request], config: EngineConfig, devices: int, rate: float, model="deepseek-v3",
             hardware="cloudmatrix384", window: tuple[float, float] | None = None) -> dict:
-    """The breakdown of `config` serving `requests` (with deadlines) at `rate` req/s on `devices` devices."""
+    """The breakdown of `config` serving `requests` (with deadlines) at `rate` req/s on `devices` devices.
+    A sync length-aware fleet is two deployments (asap.sim.run.sync_fleet_parts): each is explained over the
+    same window, under "deployments", with the fleet's overall attainment on top."""
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("explain needs requests with deadlines (asap.workload.slo.SLO.apply)")
     if not rate > 0:
@@ -129,49 +131,70 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     if not hi > lo:
         raise ValueError(f"window {window} is empty")
     one = dataclasses.replace(config, instances=1)        # the instance explained
-    eng = build_engine(one.spec(model, hardware, per, prompt_len=prompt_len, trace_window=(lo, hi)))
+    spec = one.spec(model, hardware, per, prompt_len=prompt_len, trace_window=(lo, hi))
+    head = {"label": LABEL, "engine": config.engine, "devices": devices, "instances": instances,
+            "explained_devices": per, "rate": rate, "num_requests": len(reqs)}
+    if config.engine == "sync" and config.wide_replicas:
+        parts = [_explain_engine(mine, part, lo, hi, cfg) | {"deployment": name, "describe": _deployment(part)}
+                 for name, mine, part in sync_fleet_parts(reqs, spec) if mine]
+        results = [x for p in parts for x in p.pop("results")]
+        end = max(p.pop("end") for p in parts)
+        return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)),
+                       "wall_s": min(hi, end) - lo, "summary": summarize(results), "buckets": by_length(results),
+                       "deployments": parts}
+    x = _explain_engine(reqs, spec, lo, hi, cfg)
+    x.pop("results")
+    end = x.pop("end")
+    if config.engine == "async" and config.attention_workers is None and not config.colocated:
+        config = dataclasses.replace(config, attention_workers=x["attention_workers"])   # the balanced split
+    return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)), "wall_s": min(hi, end) - lo} | x
+
+
+def _deployment(spec) -> str:
+    return f"DP{spec.devices // spec.attention_tp} x TP{spec.attention_tp}, EP{spec.devices}, chunk {spec.token_budget}"
+
+
+def _explain_engine(reqs: list[Request], spec, lo: float, hi: float, cfg) -> dict:
+    """One engine (spec, traced over [lo, hi]) serving reqs: its results, end, summary, buckets, stats and
+    the breakdown (units, link, expert batches)."""
+    eng = build_engine(spec)
     # trace every rank / replica (the engines trace the first 8 by default, for Chrome traces)
     eng.trace_ranks = eng.trace_replicas = len(eng.schedulers)
-    if config.engine == "async" and config.attention_workers is None:     # the balanced split the engine chose
-        config = dataclasses.replace(config, attention_workers=len(eng.schedulers))
     sim = Simulator(eng)
     for r in sorted(reqs, key=lambda r: r.arrival):
         sim.schedule(Arrival(r.arrival, r))
     end = sim.run()
     results = [eng.results[r.id] for r in reqs]
     hi = min(hi, end)
-    out = {"label": LABEL, "engine": config.engine, "describe": config.describe(devices), "devices": devices,
-           "instances": instances, "explained_devices": per, "rate": rate, "num_requests": len(reqs),
-           "window": (lo, hi), "wall_s": hi - lo, "summary": summarize(results), "buckets": by_length(results),
-           "stats": eng.stats()}
-    spans = eng.spans
-    if config.engine == "sync":
-        out.update(_sync(eng, spans, lo, hi, config))
-    else:
-        out.update(_async(eng, spans, lo, hi, config, cfg))
-    return out
+    out = {"results": results, "end": end, "num_requests": len(reqs), "summary": summarize(results),
+           "buckets": by_length(results), "stats": eng.stats(), "attention_workers": len(eng.schedulers)}
+    if spec.engine == "sync":
+        return out | _sync(eng, eng.spans, lo, hi, spec.attention_tp)
+    return out | _async(eng, eng.spans, lo, hi, spec, cfg)
 
 
-def _sync(eng, spans, lo, hi, config) -> dict:
+def _sync(eng, spans, lo, hi, tp: int) -> dict:
     rank = [s for s in spans if s[0] == "rank"]
     net = [s for s in spans if s[0] == "network"]
     steps = _steps([s[3] for s in rank if s[2].startswith("attn L0 ")], [(s[3], s[4]) for s in rank + net])
     units = []
     for r in range(eng.num_ranks):
         mine = [(s[3], s[4]) for s in rank if s[1] == r]
-        units.append({"unit": f"rank {r}", "role": "attention+experts", "dies": config.attention_tp,
+        units.append({"unit": f"rank {r}", "role": "attention+experts", "dies": tp,
                       **_account(mine, steps, lo, hi)})
     link = _union(_clip([(s[3], s[4]) for s in net], lo, hi))
     st = eng.stats()
     mb_tokens = st["tokens"] / st["num_steps"] / eng.k if st["num_steps"] else 0.0
-    dies = eng.num_ranks * config.attention_tp
+    dies = eng.num_ranks * tp
     return {"units": units, "link": {"busy_s": _length(link), "seconds": sum(s[4] - s[3] for s in net),
                                      "what": "the collective stream (dispatch + combine all-to-alls)"},
             "expert_batches": {"mean_tokens": mb_tokens, "what": "one micro-batch over all ranks, per forward",
                                "routed_tokens_per_die": mb_tokens * eng.model.top_k / dies}}
 
 
-def _async(eng, spans, lo, hi, config, cfg) -> dict:
+def _async(eng, spans, lo, hi, spec, cfg) -> dict:
+    """An async engine's units; in a length-aware fleet the wide replicas (the last wide_replicas) are their
+    own role, with their own TP."""
     attn = [s for s in spans if s[0] == "attention"]
     exp = [s for s in spans if s[0] == "experts"]
     units, in_step = [], []
@@ -181,7 +204,9 @@ def _async(eng, spans, lo, hi, config, cfg) -> dict:
         served = [(s[3], s[4]) for s in exp if r in s[5].get("replicas", ())]
         steps = _steps([s[3] for s in mine if s[2].startswith("attn L0 ")], [(s[3], s[4]) for s in mine] + served)
         in_step += steps
-        units.append({"unit": f"replica {r}", "role": "attention", "dies": config.attention_tp,
+        wide = r >= len(eng.replicas) - spec.wide_replicas
+        units.append({"unit": f"replica {r}", "role": f"attention >= {spec.wide_from_tokens // 1024}K" if wide
+                      else "attention", "dies": spec.wide_tp if wide else spec.attention_tp,
                       **_account([(s[3], s[4]) for s in mine], steps, lo, hi)})
         ex = rep.exchange
         for s in mine:      # each MoE layer's micro-batch goes out and comes back over this replica's link
@@ -212,17 +237,30 @@ def _fractions(units: list[dict], wall: float) -> dict:
 
 
 def format_explain(x: dict) -> str:
-    w = x["wall_s"]
     s = x["summary"]
     lines = [f"[{LABEL}] {x['describe']} on {x['devices']} devices at {x['rate']:.3f} req/s"
              + (f" (first of {x['instances']} instances, {x['explained_devices']} devices)" if x["instances"] > 1 else ""),
-             f"[{LABEL}]   window {x['window'][0]:.1f}-{x['window'][1]:.1f} s of the run ({w:.1f} s), "
+             f"[{LABEL}]   window {x['window'][0]:.1f}-{x['window'][1]:.1f} s of the run ({x['wall_s']:.1f} s), "
              f"the run's {x['num_requests']} requests: SLO attainment {s['slo_attainment']:.1%}, P90 TTFT "
              f"{(s['ttft_p90_ms'] or 0) / 1e3:.3g} s",
-             f"[{LABEL}]   by prompt length: " + " | ".join(
-                 f"{k} {'-' if b['slo_attainment'] is None else format(b['slo_attainment'], '.0%')} (n={b['num_requests']},"
-                 f" {b['share_of_tokens']:.0%} of tokens)" for k, b in x["buckets"].items()),
-             f"[{LABEL}]   {'unit':<14}{'role':<19}{'dies':>5}{'busy':>8}{'stall':>8}{'idle':>8}   (share of the window)"]
+             f"[{LABEL}]   by prompt length: " + _buckets(x["buckets"])]
+    if "deployments" not in x:
+        return "\n".join(lines + _breakdown(x, x["wall_s"]))
+    for d in x["deployments"]:
+        lines.append(f"[{LABEL}]   deployment {d['deployment']} ({d['describe']}): {d['num_requests']} requests, "
+                     f"SLO attainment {d['summary']['slo_attainment']:.1%}; " + _buckets(d["buckets"]))
+        lines += [line.replace(f"[{LABEL}]   ", f"[{LABEL}]     ", 1) for line in _breakdown(d, x["wall_s"])]
+    return "\n".join(lines)
+
+
+def _buckets(buckets: dict) -> str:
+    return " | ".join(f"{k} {'-' if b['slo_attainment'] is None else format(b['slo_attainment'], '.0%')} "
+                      f"(n={b['num_requests']}, {b['share_of_tokens']:.0%} of tokens)" for k, b in buckets.items())
+
+
+def _breakdown(x: dict, w: float) -> list[str]:
+    """The units' table, the link and the expert batches of one engine."""
+    lines = [f"[{LABEL}]   {'unit':<14}{'role':<19}{'dies':>5}{'busy':>8}{'stall':>8}{'idle':>8}   (share of the window)"]
     roles = {}
     for u in x["units"]:
         roles.setdefault(u["role"], []).append(u)
@@ -244,10 +282,23 @@ def format_explain(x: dict) -> str:
                  f"{eb['count']} batches" if "p50_tokens" in eb else "")
         lines.append(f"[{LABEL}]   expert batches ({eb['what']}): mean {eb['mean_tokens']:.0f} tokens{extra}; "
                      f"{eb['routed_tokens_per_die']:.0f} routed tokens per expert die")
-    return "\n".join(lines)
+    return lines
 
 
 def config_from_args(a) -> EngineConfig:
+    """--config's EngineConfig (JSON, as `asap sim headline` writes each engine's), else the layout flags'."""
+    if a.config is not None:
+        import json
+        try:
+            fields = json.loads(a.config)
+            if not isinstance(fields, dict):
+                raise TypeError("not a JSON object")
+            return EngineConfig(**fields)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"--config must be a JSON object of EngineConfig fields "
+                             f"(asap.studies.tune.EngineConfig), e.g. '{{\"engine\": \"sync\", \"attention_tp\": 4}}': {e}")
+    if a.engine is None:
+        raise ValueError("give --engine (with the layout flags) or --config")
     return EngineConfig(a.engine, attention_tp=a.attention_tp, token_budget=a.chunk, instances=a.instances,
                         attention_workers=a.attention_workers, microbatches=a.microbatches,
                         two_batch_overlap=not a.no_tbo, router=a.router, colocated=a.colocated,
@@ -259,8 +310,14 @@ def add_parser(sub) -> None:
                                        "expert batches (SIMULATED)",
                        description="SIMULATED. Run one engine configuration at one rate and print where the time "
                                    "goes: busy / stall / idle per die, the link, the expert batches. About 10-15 s "
-                                   "on two cores with the defaults.")
-    e.add_argument("--engine", required=True, choices=["sync", "async"], help="engine to simulate")
+                                   "on two cores with the defaults; about 1-2 min at 384 dies. A sync length-aware "
+                                   "fleet is explained per deployment.")
+    e.add_argument("--engine", choices=["sync", "async"], default=None,
+                   help="engine to simulate (required unless --config gives it)")
+    e.add_argument("--config", default=None, metavar="JSON",
+                   help="the whole configuration as JSON, asap.studies.tune.EngineConfig's fields, e.g. a row's "
+                        "\"config\" in `asap sim headline`'s headline.json (length-aware fleets included); "
+                        "replaces --engine and the layout flags below")
     e.add_argument("--devices", type=int, default=32, help="devices of the simulated cluster")
     e.add_argument("--rate", type=float, required=True, help="requests/s")
     e.add_argument("--workload", default="conversation", help="a name of asap.workload.presets or a trace path")
