@@ -310,7 +310,7 @@ def add_parser(sub) -> None:
                                        "expert batches (SIMULATED)",
                        description="SIMULATED. Run one engine configuration at one rate and print where the time "
                                    "goes: busy / stall / idle per die, the link, the expert batches. About 10-15 s "
-                                   "on two cores with the defaults; about 1-2 min at 384 dies. A sync length-aware "
+                                   "on two cores with the defaults; 16-52 s at 384 dies. A sync length-aware "
                                    "fleet is explained per deployment.")
     e.add_argument("--engine", choices=["sync", "async"], default=None,
                    help="engine to simulate (required unless --config gives it)")
