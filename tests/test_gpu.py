@@ -186,17 +186,27 @@ def test_gpu_check_dry_run_ends_in_a_verdict_and_a_json(tmp_path):
     p, report = _gpu_check(tmp_path, "--quick", "--tokens", "32")
     last = p.stdout.strip().splitlines()[-1]
     assert p.returncode == 0 and last.startswith("VERDICT: PASS") and "DRY RUN ON THE CPU" in last, p.stdout + p.stderr
-    exact, layer = report["phases"]
+    fp8, timer, exact, layer = report["phases"]       # the short kernel phases first
+    assert [fp8["phase"], timer["phase"], layer["phase"]] == ["fp8_linear", "attention_timer", "layer"]
     assert exact["ok"] and exact["workers"] and all(w["weights_on"] == "cpu" for w in exact["workers"])
     assert {r for w in exact["workers"] for r in w["roles"]} == {"attention", "experts"}
     assert layer["ok"] and layer["rows"][0]["T"] == 32
+    # On the CPU the block-scaled GEMM is not tried: the fallback must equal the dequantised linear exactly.
+    assert fp8["ok"] and not fp8["gemm_required"] and fp8["path"] == "fallback (dequantise per linear)"
+    assert {r["weight"] for r in fp8["rows"]} == {"q_b_proj", "o_proj", "kv_b_proj", "shared_experts.gate_up"}
+    assert all(r["exact"] and r["rel_max_err"] == 0.0 for r in fp8["rows"]) and not fp8["scaled_mm_failed"]
+    # The CPU path of AttentionTimer: monotonic-clock durations, compute.synchronize() once a stop.
+    assert timer["ok"] and not timer["on_gpu"] and timer["compute_synchronize_calls"] == 5
+    assert all(d > 0 for d in timer["durations_ms"])
+    assert sum(ln.startswith("ok   ") for ln in p.stdout.splitlines()) == 4       # one line a phase
 
 
 @pytest.mark.timeout(120)
 def test_gpu_check_fails_when_a_worker_ran_elsewhere_and_at_its_deadline(tmp_path):
     # Workers that ran on the CPU fail a check that expects the GPU: the check cannot pass on the wrong device.
-    p, report = _gpu_check(tmp_path, "--quick", "--skip-layer", "--expect-device", "cuda")
+    p, report = _gpu_check(tmp_path, "--quick", "--skip-layer", "--skip-fp8", "--skip-timer", "--expect-device", "cuda")
     assert p.returncode == 1 and "VERDICT: FAIL" in p.stdout
+    assert [r["phase"] for r in report["phases"]] == ["exact tiny-qwen3-moe float32 async-1+1"]
     assert "not on cuda" in report["phases"][0]["device_check"]
     # A deadline shorter than the work: still a verdict and a JSON, and FAIL. 8 s leaves no phase its 5 s
     # minimum on any machine (15 s was enough for the whole quick check on a quiet one).
