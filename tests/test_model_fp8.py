@@ -244,3 +244,18 @@ def test_a_refused_block_scaled_gemm_falls_back_once_and_never_crashes(monkeypat
         out = fp8_linear(x, w)
     assert torch.equal(out, F.linear(x, w.dequantize(torch.bfloat16)))
     assert torch.device("cpu") in fp8.SCALED_MM_FAILED and not fp8._scaled_mm_applies(x, w)
+
+
+def test_a_full_device_is_an_error_not_a_reason_to_turn_the_fp8_gemm_off(monkeypatch):
+    """Out of memory in the block-scaled GEMM propagates (the fallback would need more memory) and the
+    GEMM stays on for the next call."""
+    monkeypatch.setattr(fp8, "SCALED_MM_FAILED", {})
+    monkeypatch.setattr(fp8, "_scaled_mm_applies", lambda x, w: True)
+
+    def oom(x, w, bias):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(fp8, "_scaled_mm_linear", oom)
+    w, x = _fp8_weight(256, 512), torch.randn(5, 512, dtype=torch.bfloat16)
+    with pytest.raises(torch.OutOfMemoryError):
+        fp8_linear(x, w)
+    assert fp8.SCALED_MM_FAILED == {}

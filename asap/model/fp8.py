@@ -107,6 +107,8 @@ def fp8_linear(x: torch.Tensor, weight: BlockFp8Weight, bias: torch.Tensor | Non
     if _scaled_mm_applies(x, weight):
         try:
             return _scaled_mm_linear(x, weight, bias)
+        except torch.OutOfMemoryError:
+            raise       # a full device, not a missing kernel: the fallback needs more memory, and the GEMM stays on
         except Exception as e:  # noqa: BLE001 - any refusal (no kernel for this GPU/CUDA, a layout) falls back
             SCALED_MM_FAILED[x.device] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             warnings.warn(f"block-scaled FP8 GEMM unavailable on {x.device} ({SCALED_MM_FAILED[x.device]}); "
