@@ -136,9 +136,9 @@ def test_a_retune_with_no_best_leaves_the_stored_entry_and_exits_2(monkeypatch, 
     monkeypatch.setattr(tuning, "TUNED", table)
 
     def no_best(*a, **k):
-        raise RuntimeError("the tuner found no valid sync configuration on 18 devices: more requests are needed")
+        raise RuntimeError("the tuner found no valid sync configuration on 20 devices: more requests are needed")
     monkeypatch.setattr(tuning, "tune_now", no_best)
-    assert tuning.main(["--devices", "18"]) == 2
+    assert tuning.main(["--devices", str(QUICK.devices)]) == 2
     assert table.read_text() == '{"kept": 1}\n'
     err = capsys.readouterr().err
     assert "more requests are needed" in err and "left as it was" in err and "Traceback" not in err

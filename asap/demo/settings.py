@@ -50,7 +50,7 @@ class DemoSettings:
 FULL = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 7, 64, 333, 900, 2048), real_token_budget=512,
                     devices=24, num_requests=24, rate=6.0, dilation=8.0, sim_devices=32, sim_requests=750)
 QUICK = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 130, 700), real_token_budget=256,
-                     devices=18, num_requests=10, rate=6.0, dilation=3.0, sim_devices=32, sim_requests=375)
+                     devices=20, num_requests=10, rate=6.0, dilation=3.0, sim_devices=32, sim_requests=375)
 
 
 def demo_requests(s: DemoSettings, devices: int, num_requests: int, rate: float, trace=None,

@@ -1,6 +1,6 @@
 """Each engine's best-tuned configuration for the demo's two SIMULATED comparisons, stored offline.
 
-- The demo's own workload on its emulated cluster (24 dies; 18 with --quick): asap.studies.tune over each
+- The demo's own workload on its emulated cluster (24 dies; 20 with --quick): asap.studies.tune over each
   engine's emulatable space (one instance).
 - The headline case: the Mooncake conversation trace on 32 dies, the 32-die row of `asap sim headline`
   (each engine's whole space, the same search and budget).
@@ -12,7 +12,7 @@ run offline,
     python -m asap.demo.tuning [--devices 24 18 32] [--jobs 2]     # rewrites asap/demo/tuned.json
     python -m asap.demo.tuning --from-headline out/headline.json    # the 32-die entry from a headline run
 
-(measured: 23 and 13 min for 24 and 18 dies with --jobs 1, 20 min for the headline's 32-die row with
+(measured: 23 min for 24 dies with --jobs 1, 20 min for the headline's 32-die row with
 --jobs 2, on two cores), and
 `asap demo` reads the result (`asap demo --retune` reruns the emulated cluster's first). Keys name what a
 search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
