@@ -100,8 +100,12 @@ def test_quick_demo_tells_the_three_part_story_and_writes_json(tmp_path, capsys)
         assert 0 <= e["slo_attainment"] <= 1
         assert all(run["engines"][engine]["num_requests"] == QUICK.sim_requests for run in doc["simulated"]["runs"])
     assert doc["emulated"]["engines"]["sync"]["runtime"]["compute"] == "emulated"
-    assert doc["emulated"]["engines"]["async"]["runtime"]["attention_workers"] + \
-        doc["emulated"]["engines"]["async"]["runtime"]["expert_workers"] == QUICK.devices
+    rt = doc["emulated"]["engines"]["async"]["runtime"]
+    attention_dies = rt["attention_workers"] * rt["attention_tp"]     # every die is used, once per role
+    if rt["colocated"]:     # each die an attention share and an expert shard
+        assert attention_dies == rt["expert_workers"] == QUICK.devices
+    else:
+        assert attention_dies + rt["expert_workers"] == QUICK.devices
     assert (out / "demo.png").stat().st_size > 0
     # no raw warnings (a "file.py:123: SomeWarning" line) anywhere in what the user sees
     assert not re.search(r"\.py:\d+: \w*Warning", stdout + captured.err)
