@@ -9,7 +9,7 @@
 - profile.py, kernels.py  `asap profile`: time the runtime's real kernels and fit this CPU's profile
 - parallel.py    run a search's simulations serially, in a process pool or on Ray
 - code_version.py the fingerprint of the code a stored simulated result depends on
-- cli.py, __main__.py  the `asap sim` / `python -m asap.sim` commands
+- cli.py, __main__.py  the `asap sim` / `python -m asap.studies` commands
 
 The simulator itself (asap.sim) sits below the engine; studies sit above it because profiling drives the
 runtime's kernels, and nothing below imports a study.

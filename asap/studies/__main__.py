@@ -1,4 +1,4 @@
-"""`python -m asap.sim {headline,calibrate,speed,trace} ...`, also `asap sim ...`.
+"""`python -m asap.studies {headline,calibrate,speed,trace} ...`, also `asap sim ...`.
 
 Every figure printed is SIMULATED. `asap sim validate` (EMULATED and REAL runs beside the simulator) drives
 bench targets, so it lives in asap/bench/validate.py and the `asap` command adds it here (asap/cli.py)."""
@@ -52,7 +52,7 @@ def trace(out: str, engine: str, devices: int, rate: float, start: float, length
 
 
 def add_commands(sub, extra=()) -> None:
-    """headline, calibrate, speed and trace, for `python -m asap.sim` and `asap sim`; `extra`: more
+    """headline, calibrate, speed and trace, for `python -m asap.studies` and `asap sim`; `extra`: more
     add_parser(sub) functions from the layers above, whose parsers set `run` (asap/cli.py)."""
     h = sub.add_parser("headline", help="best-tuned sync vs best-tuned async SLO-compliant throughput "
                                         "(SIMULATED; tens of minutes per row)",
@@ -143,7 +143,7 @@ def run_command(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asap.sim", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m asap.studies", description=__doc__)
     add_commands(p.add_subparsers(dest="cmd", required=True))
     return run_command(p.parse_args(argv))
 

@@ -1,6 +1,6 @@
 """`asap sim {headline,calibrate,speed,trace,validate}` and `asap profile`.
 
-The sim sub-commands are asap/studies/__main__.py's (`python -m asap.sim`); validate comes from the bench layer
+The sim sub-commands are asap/studies/__main__.py's (`python -m asap.studies`); validate comes from the bench layer
 above, passed in by asap/cli.py."""
 from __future__ import annotations
 
