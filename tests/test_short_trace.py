@@ -31,7 +31,19 @@ def test_the_generated_trace_reads_back_with_its_mean_and_cap(tmp_path):
     assert (tmp_path / "again.csv").read_text() == out.read_text()     # seeded
 
 
-@pytest.mark.parametrize("bad", [["--num-requests", "1"], ["--mean", "0"], ["--sigma", "-1"]])
+def test_cv_makes_arrivals_burstier_and_keeps_their_mean(tmp_path):
+    import statistics
+    for cv in (1.0, 3.0):
+        out = tmp_path / f"cv{cv}.csv"
+        assert _write(out, "--num-requests", "4000", "--cv", str(cv)).returncode == 0
+        t = [r.arrival for r in workload_requests(str(out), 4000)]
+        gaps = [b - a for a, b in zip(t, t[1:])]
+        mean = statistics.mean(gaps)
+        assert 0.9 <= mean <= 1.1                                         # 1 req/s before any rescaling
+        assert abs(statistics.pstdev(gaps) / mean - cv) <= 0.25 * cv
+
+
+@pytest.mark.parametrize("bad", [["--num-requests", "1"], ["--mean", "0"], ["--sigma", "-1"], ["--cv", "0"]])
 def test_bad_arguments_are_refused_with_a_message(tmp_path, bad):
     p = _write(tmp_path / "x.csv", *bad)
     assert p.returncode == 2 and "need" in p.stderr and not (tmp_path / "x.csv").exists()
