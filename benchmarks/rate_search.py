@@ -30,7 +30,8 @@ DEFAULTS = [dict(engine="sync", token_budget=4096), dict(engine="sync", token_bu
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", default="fixed-4k", help="a name of asap.workload.presets (default fixed-4k)")
+    p.add_argument("--workload", default="fixed-4k",
+                   help="a name of asap.workload.presets, or a Mooncake .jsonl / Azure .csv trace (default fixed-4k)")
     p.add_argument("--devices", type=int, default=32)
     p.add_argument("--num-requests", type=int, default=2500)
     p.add_argument("--lo", type=float, default=10.0, help="the rate search's first rate (req/s)")
