@@ -14,19 +14,19 @@ from __future__ import annotations
 import argparse
 import math
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 
 def write(path: Path, num_requests: int, mean: float, sigma: float, cap: int, seed: int, cv: float = 1.0) -> None:
     rng = random.Random(seed)
     mu = math.log(mean) - sigma * sigma / 2           # a log-normal with this mean
-    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t = datetime(2026, 1, 1)                          # naive: the Azure reader takes it as UTC
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for _ in range(num_requests):
         t += timedelta(seconds=rng.gammavariate(1 / cv ** 2, cv ** 2))    # mean 1 s; cv 1: exponential
         tokens = min(cap, max(16, round(rng.lognormvariate(mu, sigma))))
-        rows.append(f"{t.isoformat(timespec='microseconds').replace('+00:00', '')},{tokens},{rng.randint(16, 512)}")
+        rows.append(f"{t.isoformat(timespec='microseconds')},{tokens},{rng.randint(16, 512)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(rows) + "\n")
 

@@ -1,5 +1,6 @@
 """benchmarks/short_trace.py writes a trace the Azure reader takes, with the prompt lengths it promises."""
 import os
+import statistics
 import subprocess
 import sys
 
@@ -32,7 +33,6 @@ def test_the_generated_trace_reads_back_with_its_mean_and_cap(tmp_path):
 
 
 def test_cv_makes_arrivals_burstier_and_keeps_their_mean(tmp_path):
-    import statistics
     for cv in (1.0, 3.0):
         out = tmp_path / f"cv{cv}.csv"
         assert _write(out, "--num-requests", "4000", "--cv", str(cv)).returncode == 0
