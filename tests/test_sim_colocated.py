@@ -1,6 +1,7 @@
 """The co-located async mode of the simulator: every device an attention replica's and an expert shard's,
 joined by the async exchange, expert work first on a device (asap.sim.async_engine)."""
 import dataclasses
+import random
 
 import pytest
 
@@ -24,6 +25,28 @@ def test_pool_time_stretches_an_attention_op_by_the_pool_time_inside_it():
     assert p.stretched(0.5, 2.0) == pytest.approx(4.0)
     # an op entirely between batches is not stretched
     assert p.stretched(2.0, 0.5) == pytest.approx(2.5)
+
+
+def test_a_resumed_stretch_is_the_same_float_as_one_started_over():
+    """restretched continues an op's iteration after pool batches are added: bit for bit what a fresh
+    iteration gives (the simulated TTFTs must not move when the simulator gets faster)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        p, t = PoolTime(), 0.0
+        start, work = rng.uniform(0, 1), rng.uniform(0.01, 2)
+        for _ in range(rng.randrange(4)):           # batches before the op started
+            t += rng.uniform(0, 0.3)
+            p.add(t, t + rng.uniform(0.001, 0.2))
+            t = p.ends[-1]
+        t = max(t, start)       # the pool runs one batch at a time
+        s = p.stretch(start, work)
+        for i in range(rng.randrange(1, 8)):        # batches added while it runs, each before its end
+            if i or rng.random() < 0.7:             # else the first starts as soon as it can (maybe at `start`)
+                t = rng.uniform(t, s.end)
+            p.add(t, t + rng.uniform(0.001, 0.3))
+            t = p.ends[-1]
+            s = p.restretched(s)
+            assert s.end == p.stretched(start, work)
 
 
 def test_pool_time_prune_keeps_what_an_op_in_flight_needs():

@@ -35,7 +35,7 @@ counts its combines too).
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 from asap.pipeline.depth import StepDepth
 from asap.pipeline.plan import plan_step
@@ -50,13 +50,15 @@ from asap.sim.experts import ExpertShares
 
 
 class MicroBatch:
-    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "deadline", "a_start")
+    __slots__ = ("replica", "index", "chunks", "num_tokens", "t_moe", "t_dense", "layer", "deadline", "a_start",
+                 "stretch")
 
     def __init__(self, replica, index, chunks, num_tokens, t_moe, t_dense, deadline):
         self.replica, self.index, self.chunks, self.num_tokens = replica, index, chunks, num_tokens
         self.t_moe, self.t_dense, self.deadline = t_moe, t_dense, deadline
         self.layer = 0          # the layer its attention runs (or last ran)
         self.a_start = 0.0      # when that attention started
+        self.stretch = None     # co-located: that attention's Stretch (PoolTime.stretch), to resume
 
 
 class Replica:
@@ -78,7 +80,11 @@ class Replica:
         self.busy = True
         if eng.trace_window is not None and self.index < eng.trace_replicas and not eng.colocated:
             eng.span("attention", self.index, f"attn L{layer} mb{mb}", now, now + duration, tokens=b.num_tokens)
-        end = eng.pool_time.stretched(now, duration) if eng.colocated else now + duration
+        if eng.colocated:
+            b.stretch = eng.pool_time.stretch(now, duration)
+            end = b.stretch.end
+        else:
+            end = now + duration
         self.out.append(AttentionDone(end, b))
         return None                         # on_attention_done reports it
 
@@ -95,6 +101,19 @@ class Replica:
         return arrived
 
 
+class Stretch:
+    """One attention op's stretched end (PoolTime.stretch), with what it takes to resume the iteration
+    when pool batches are added: the iterates, and how many batches the pool had when they were made."""
+    __slots__ = ("start", "work", "base", "iterates", "known")
+
+    def __init__(self, start: float, work: float, base: float, iterates: list[float], known: int):
+        self.start, self.work, self.base, self.iterates, self.known = start, work, base, iterates, known
+
+    @property
+    def end(self) -> float:
+        return self.iterates[-1]
+
+
 class PoolTime:
     """The expert pool's busy intervals (one batch at a time, in start order) and what they take from an
     attention op on a device they share (co-located)."""
@@ -104,6 +123,7 @@ class PoolTime:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.before: list[float] = []       # pool busy time before interval i
+        self.dropped = 0                    # intervals pruned from the front (absolute index = i + dropped)
         self.stretch_s = 0.0                # attention time added by the pool, all replicas
 
     def add(self, start: float, end: float) -> None:
@@ -117,21 +137,54 @@ class PoolTime:
         return 0.0 if i < 0 else self.before[i] + min(t, self.ends[i]) - self.starts[i]
 
     def stretched(self, start: float, work: float) -> float:
-        """When an attention op of `work` seconds started at `start` ends, given the pool batches so far: the
-        fixed point of end = start + work + (pool busy time in [start, end]), iterated from end = start + work.
-        The iterates only grow, so the interval each one falls in is found by walking forward from the last
-        (what `busy_until` would find by bisection, the same floats in the same order: the same answer)."""
+        """When an attention op of `work` seconds started at `start` ends, given the pool batches so far."""
+        return self.stretch(start, work).end
+
+    def stretch(self, start: float, work: float) -> Stretch:
+        """The attention op's Stretch: its end (`.end`, what `stretched` returns) given the pool batches so
+        far: the fixed point of end = start + work + (pool busy time in [start, end]), iterated from end =
+        start + work. The iterates only grow, so the interval each one falls in is found by walking forward
+        from the last (what `busy_until` would find by bisection, the same floats in the same order)."""
         starts, ends, before = self.starts, self.ends, self.before
-        n, i = len(starts), bisect_right(starts, start) - 1
+        i = bisect_right(starts, start) - 1
         base = 0.0 if i < 0 else before[i] + min(start, ends[i]) - starts[i]
-        end = sw = start + work
+        sw = start + work
+        return self._iterate(Stretch(start, work, base, [sw], 0), i)
+
+    def restretched(self, s: Stretch) -> Stretch:
+        """`stretch(s.start, s.work)` given the batches added since `s` was made, resumed rather than redone,
+        with the same floats. A batch added later starts at or after the op did; the iterates below the
+        first such start did not see it, so they are what a fresh iteration computes, and it goes on from
+        the first iterate at or above that start. (A batch that starts at the op's very start changes the
+        base: then it starts over.)"""
+        n = len(self.starts) + self.dropped
+        if s.known == n:
+            return s
+        first = self.starts[s.known - self.dropped]
+        if first <= s.start:
+            return self.stretch(s.start, s.work)
+        its = s.iterates
+        j = bisect_left(its, first)
+        if j == len(its):           # every iterate is below the new batches: the same fixed point
+            s.known = n
+            return s
+        del its[j + 1:]
+        return self._iterate(s, bisect_right(self.starts, its[j]) - 1)
+
+    def _iterate(self, s: Stretch, i: int) -> Stretch:
+        """Iterate from s.iterates[-1], whose interval is i, to the fixed point (appended to s.iterates)."""
+        starts, ends, before = self.starts, self.ends, self.before
+        n, its, base, sw = len(starts), s.iterates, s.base, s.start + s.work
+        end = its[-1]
         while True:
             while i + 1 < n and starts[i + 1] <= end:
                 i += 1
             nxt = sw + (0.0 if i < 0 else before[i] + min(end, ends[i]) - starts[i]) - base
             if nxt <= end + 1e-12:
-                return end
+                s.known = n + self.dropped
+                return s
             end = nxt
+            its.append(end)
 
     def prune(self, oldest: float) -> None:
         """Forget intervals that ended before `oldest` (no attention in flight started earlier)."""
@@ -140,6 +193,7 @@ class PoolTime:
         i = bisect_right(self.ends, oldest) - 1
         if i > 0:
             del self.starts[:i], self.ends[:i], self.before[:i]
+            self.dropped += i
 
 
 class AsyncEngine(EngineBase):
@@ -233,7 +287,7 @@ class AsyncEngine(EngineBase):
         rep = self.replicas[mb.replica]
         work = mb.t_moe if self.moe[mb.layer] else mb.t_dense
         if self.colocated:      # pool batches that started while it ran push its end further
-            end = self.pool_time.stretched(mb.a_start, work)
+            end = self.pool_time.restretched(mb.stretch).end
             if end > now:
                 return [AttentionDone(end, mb)]
             self.pool_time.stretch_s += now - mb.a_start - work

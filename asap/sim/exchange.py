@@ -95,6 +95,7 @@ class SimAllToAll:
         self.compute = np.zeros(self.num_ranks)     # compute stream free, per rank
         self.comm = 0.0                             # comm stream free
         self.keys: list[_AllToAll] = []             # all-to-alls in dispatch order
+        self.index: dict[tuple[int, int], int] = {}  # (layer, mb) -> its place in keys
         self.num_served = 0                         # keys[:num_served] are served on every rank
         self.num_combined = 0                       # keys[:num_combined] have their combine scheduled
         self._arrived: dict[tuple[int, int], float] = {}
@@ -111,6 +112,7 @@ class SimAllToAll:
         self.barrier_wait_s += float((slowest - out).sum())
         start = max(slowest, self.comm)
         self.comm = start + self.latency + max(self.biggest[mb], self.total[mb] * share) * self.top_k * self.disp_copy
+        self.index.setdefault((layer, mb), len(self.keys))
         self.keys.append(_AllToAll(layer, mb, share, self.comm, rows))
         if self.trace:
             self.tracer.span("network", 0, f"dispatch L{layer} mb{mb}", self.now + start, self.now + self.comm)
@@ -118,7 +120,7 @@ class SimAllToAll:
     def combine(self, mb: int, layer: int, timeout: float | None) -> None:
         """Every rank serves up to (mb, layer) and that combine goes out; while it is on its way, ranks serve
         later all-to-alls whose dispatch is in (what AllToAll.combine does while it waits)."""
-        must = next(i for i, key in enumerate(self.keys) if (key.layer, key.mb) == (layer, mb))
+        must = self.index[(layer, mb)]
         self._serve(must, -np.inf)
         self._combine()
         back = self.keys[must].combined
