@@ -56,6 +56,20 @@ def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():
     assert _code('def g():\n    """only a docstring"""\n') != _code('def g():\n    return None\n')
 
 
+def test_a_stored_result_is_current_through_recorded_equivalences_only(tmp_path, monkeypatch):
+    from asap.studies import code_version
+    now = code_version.fingerprint()
+    ledger = tmp_path / "equivalent.json"
+    monkeypatch.setattr(code_version, "EQUIVALENT", ledger)
+    assert code_version.is_current(now) and not code_version.is_current("a" * 12)
+    assert not code_version.is_current(None)
+    ledger.write_text(json.dumps([{"from": "a" * 12, "to": "b" * 12}, {"from": "b" * 12, "to": now},
+                                  {"from": "c" * 12, "to": "d" * 12}, {"from": now, "to": "e" * 12}]))
+    assert code_version.is_current("a" * 12) and code_version.is_current("b" * 12)     # a -> b -> this code
+    assert not code_version.is_current("c" * 12)        # equivalent to other code, not to this
+    assert code_version.is_current("e" * 12)            # the same bit for bit: either way
+
+
 def test_verdicts_follow_the_numbers():
     a = {"slo_attainment": 0.95, "ttft_p90_ms": 500.0}
     s = {"slo_attainment": 0.40, "ttft_p90_ms": 2000.0}

@@ -18,8 +18,9 @@ run offline,
 search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry the
 demo falls back to the analytic split, and says so). Each entry also records the fingerprint of the code
-the result depends on (asap.studies.code_version); when that code has changed since, the demo says the tuning
-is stale and gives no ratio. Where an engine's best candidate still passes at the highest rate the sample
+the result depends on (asap.studies.code_version); when that code has changed since (and was not found to
+simulate the same, bit for bit: benchmarks/sim_equivalence.py), the demo says the tuning is stale and gives
+no ratio. Where an engine's best candidate still passes at the highest rate the sample
 can certify (asap.studies.tune's no-best case), its entry holds that candidate and the rate as a lower bound,
 and the demo says so.
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 from asap.pipeline.plan import token_weighted_length
-from asap.studies.code_version import fingerprint
+from asap.studies.code_version import fingerprint, is_current
 from asap.studies.headline import NUM_REQUESTS
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
@@ -146,7 +147,7 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     got = {k: doc.get(k) for k in want}
     if got != want:
         raise ValueError(f"{path}: the headline ran {got}, the demo's case is {want}")
-    if doc.get("code_fingerprint") != fingerprint():
+    if not is_current(doc.get("code_fingerprint")):
         raise ValueError(f"{path}: the headline ran on other simulation code (fingerprint "
                          f"{doc.get('code_fingerprint')}, this checkout {fingerprint()}); rerun it")
     if doc.get("num_requests", HEADLINE_REQUESTS) != HEADLINE_REQUESTS:
@@ -161,7 +162,7 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
 def _stored(k: str) -> tuple[dict | None, str]:
     table = json.loads(TUNED.read_text()) if TUNED.is_file() else {}
     entry, source = table.get(k), "tuned offline (asap/demo/tuned.json)"
-    if entry is not None and entry.get("fingerprint") != fingerprint():
+    if entry is not None and not is_current(entry.get("fingerprint")):
         source = ("tuned offline on older code: STALE (the simulation code changed since, see "
                   "asap.studies.code_version; rerun `python -m asap.demo.tuning`)")
     return entry, source

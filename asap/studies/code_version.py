@@ -6,16 +6,23 @@ asap/measure, asap/workload), plus the studies a stored result is made by (STUDI
 experiments' SLO rule and the headline's search). Each file counts by its syntax tree without its
 docstrings (comments never reach the tree): an edit to the documentation alone leaves it as it was, any
 change to the code does not. `asap sim headline` records it in its JSON; the demo's stored tuning
-(asap/demo/tuning.py) compares it.
+(asap/demo/tuning.py) compares it with `is_current`.
+
+A change that only makes the simulator faster changes the fingerprint but no result. Where
+`benchmarks/sim_equivalence.py --record` found two checkouts to simulate the same battery bit for bit, it
+records the pair in equivalent.json (beside this file); `is_current` follows those records, so results
+stored under the older fingerprint stay current without a rerun.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
 from pathlib import Path
 
 PACKAGES = ("cost", "pipeline", "sim", "scheduler", "measure", "workload")
 STUDIES = ("studies/tune.py", "studies/experiments.py", "studies/headline.py")
+EQUIVALENT = Path(__file__).resolve().with_name("equivalent.json")
 
 
 def fingerprint() -> str:
@@ -37,3 +44,25 @@ def code_text(source: str) -> str:
                 and isinstance(node.body[0].value.value, str):
             node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree)
+
+
+def is_current(stored: str | None) -> bool:
+    """Whether a result stored under fingerprint `stored` holds for this code: it is this code's fingerprint,
+    or recorded equivalences (EQUIVALENT: [{"from", "to", ...}]) link it to this code's."""
+    now = fingerprint()
+    if stored is None or stored == now:
+        return stored == now
+    ledger = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.is_file() else []
+    to: dict[str, list[str]] = {}
+    for e in ledger:                        # "the same, bit for bit" goes both ways
+        to.setdefault(e["from"], []).append(e["to"])
+        to.setdefault(e["to"], []).append(e["from"])
+    seen, todo = set(), [stored]
+    while todo:
+        fp = todo.pop()
+        if fp == now:
+            return True
+        if fp not in seen:
+            seen.add(fp)
+            todo += to.get(fp, [])
+    return False
