@@ -5,7 +5,8 @@
     python benchmarks/sim_equivalence.py --against /tmp/base --record   # and, if all agree, record it
 
 A change that only makes the simulator faster must not move a single TTFT. This runs one battery in each
-checkout (each in a fresh process, side by side) and compares a SHA-256 of every case's outcome:
+checkout (each in a fresh process, side by side) and compares a SHA-256 of every case's outcome (and prints
+each simulation's CPU time in both, side by side: a rough speed comparison, the machine being shared):
 - eleven engine configurations, each simulated once: sync (2 instances of DP2 x TP8; DP32 with TBO off; a
   length-aware fleet; expected expert loads; fixed 4K prompts) and async (a separate expert pool with the
   fullest-layer selector and a 2 ms window; adaptive depth; co-located; a co-located fleet; TP4 replicas
@@ -34,7 +35,7 @@ HERE = Path(__file__).resolve().parents[1]
 from asap.studies.code_version import EQUIVALENT as LEDGER  # noqa: E402
 
 BATTERY = r'''
-import dataclasses, hashlib, json, struct, sys
+import dataclasses, hashlib, json, struct, sys, time
 from asap.sim.run import run
 from asap.sim.spec import EngineSpec
 from asap.studies.code_version import fingerprint
@@ -48,7 +49,7 @@ def digest(results):
     return hashlib.sha256(struct.pack(f"<{len(ttfts)}d", *ttfts)).hexdigest()[:16]
 
 
-out = {"fingerprint": fingerprint(), "cases": {}}
+out = {"fingerprint": fingerprint(), "cases": {}, "cpu_s": {}}
 slo = parse_slo("2s+1ms/tok")
 conv, fixed = slo.apply(workload_requests("conversation", 500)), slo.apply(workload_requests("fixed-4k", 500))
 S = lambda **k: EngineSpec("sync", devices=32, **k)
@@ -73,7 +74,9 @@ cases = {
                                         microbatches=3), 31.0, fixed),
 }
 for name, (spec, rate, reqs) in cases.items():
+    cpu = time.process_time()
     res = run(at_rate(reqs, rate), spec)
+    out["cpu_s"][name] = time.process_time() - cpu
     out["cases"][name] = f"{digest(res.results)} events={res.num_events}"
 
 from asap.demo import tuning
@@ -101,7 +104,9 @@ from asap.studies.tune import space, tune
 reqs = slo.apply(workload_requests("conversation", 100))
 for engine in ("sync", "async"):
     cands = space(engine, 16)[::6]
+    cpu = time.process_time()
     t = tune(reqs, engine, 16, candidates=cands)
+    out["cpu_s"][f"tune {engine} x16, {len(cands)} candidates"] = time.process_time() - cpu
     rows = [(r["describe"], r["coarse_rate"], r["fine_rate"], r["screen_attainment"]) for r in t.candidates]
     out["cases"][f"tune {engine} x16, {len(cands)} candidates"] = hashlib.sha256(
         json.dumps([rows, t.max_slo_rate, t.num_sims], default=str).encode()).hexdigest()[:16]
@@ -143,7 +148,9 @@ def main(argv=None) -> int:
     same = old["cases"] == new["cases"]
     for name in sorted(set(old["cases"]) | set(new["cases"])):
         o, n = old["cases"].get(name), new["cases"].get(name)
-        print(f"[SIMULATED] {'same     ' if o == n else 'DIFFERENT'} {name}: {o} | {n}")
+        ct = [d.get("cpu_s", {}).get(name) for d in (old, new)]
+        speed = f" (CPU {ct[0]:.1f} s | {ct[1]:.1f} s: {ct[0] / ct[1]:.2f}x)" if None not in ct and ct[1] > 0 else ""
+        print(f"[SIMULATED] {'same     ' if o == n else 'DIFFERENT'} {name}: {o} | {n}{speed}")
     print(f"[SIMULATED] {len(new['cases'])} cases, {'all the same' if same else 'NOT the same'}; fingerprints "
           f"{old['fingerprint']} ({a.against}) and {new['fingerprint']} (this checkout)")
     if a.record:

@@ -71,14 +71,19 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
 
 
 def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1,
-            target: float = 0.9) -> dict:
-    """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps)."""
+            target: float = 0.9, criterion: str = "requests", cache: dict | None = None) -> dict:
+    """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps).
+    criterion: asap.studies.tune.CRITERIA's; cache: {rate: summary}, shared by searches of this configuration
+    on these requests (e.g. both criteria), so no rate is simulated twice."""
     mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
+    cache = {} if cache is None else cache
 
     def measure(rate):
-        res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
-        return summarize(res.results)
-    return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10,
+        if rate not in cache:
+            res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
+            cache[rate] = summarize(res.results) | {"min_bucket_attainment": min_bucket_attainment(res.results)}
+        return cache[rate]
+    return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10, key=CRITERIA[criterion],
                          burst_above=burst_limit(len(requests), mean_budget))
 
 
