@@ -167,6 +167,22 @@ def test_the_fleet_shapes_are_the_same_for_both_engines():
             assert "for prompts >= 32K" in c.describe(32)
 
 
+def test_other_wide_shares_are_searched_for_both_engines_where_the_weights_fit():
+    from asap.studies.headline import run_headline
+    from asap.studies.tune import space
+    shares = (0.25, 0.5, 0.75)
+    for engine in ("sync", "async"):
+        assert space(engine, 32, full=False) == space(engine, 32, full=False, fleet_fractions=(0.5,))   # the default
+        wide = {(32 // c.instances, c.wide_replicas * c.wide_tp)
+                for c in space(engine, 32, full=False, fleet_fractions=shares) if c.wide_replicas}
+        if engine == "async":       # one expert pool on the whole instance: any share whose groups divide
+            assert {(32, 8), (32, 16), (32, 24)} <= wide
+        else:                       # two deployments, each holding DeepSeek-V3 whole: 8 dies cannot
+            assert (32, 16) in wide and (32, 8) not in wide and (32, 24) not in wide
+    with pytest.raises(ValueError, match="fleet fractions"):
+        run_headline((32,), ("conversation",), fleet_fractions=(0.5, 1.0), out_dir=None, verbose=False)
+
+
 def test_length_router_routes_by_length_within_each_group():
     from asap.scheduler.length_router import LengthRouter
     from asap.scheduler.router import ReplicaLoad, make_router

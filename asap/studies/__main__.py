@@ -13,6 +13,7 @@ from asap.studies import parallel
 from asap.studies.calibrate import calibrate
 from asap.studies.experiments import TRACE, at_rate, trace_requests
 from asap.studies.headline import DEFAULT_SLO, NUM_REQUESTS, WORKLOADS, run_headline
+from asap.studies.tune import FLEET_FRACTIONS
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
@@ -82,6 +83,10 @@ def add_commands(sub, extra=()) -> None:
     h.add_argument("--prefix-cache", action="store_true",
                    help="both engines get a prefix cache per replica / DP group (LRU over the traces' 512-token "
                         "block hashes, capacity from the memory left after weights); off by default")
+    h.add_argument("--fleet-fractions", type=float, nargs="+", default=list(FLEET_FRACTIONS), metavar="F",
+                   help="the wide group's shares of an instance that both engines' length-aware fleets try "
+                        "(default 0.5; e.g. 0.25 0.5 0.625 0.75: a sync deployment too small for the weights "
+                        "is left out)")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     parallel.add_arguments(h)
@@ -129,7 +134,8 @@ def run_command(a) -> int:
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
-                             a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor)
+                             a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
+                             fleet_fractions=tuple(a.fleet_fractions))
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

@@ -30,7 +30,7 @@ from asap.sim.memory import check_memory, min_expert_workers
 from asap.studies.parallel import Progress, Serial
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
-from asap.studies.tune import CRITERIA, REFINE, EngineConfig, space, tune
+from asap.studies.tune import CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -98,13 +98,17 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
                  num_requests: int = NUM_REQUESTS, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
-                 prefix_cache: bool = False, every_bucket: bool = True, executor=None) -> dict:
+                 prefix_cache: bool = False, every_bucket: bool = True, executor=None,
+                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
-    every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio."""
+    every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
+    fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.tune.space)."""
+    if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
+        raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     rows = []
@@ -147,7 +151,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 searches.append(dict(candidates=cands, start_rate=hint, refine=REFINE if prev_devices is None else 1,
-                                     prefix_cache=prefix_cache, progress=progress))
+                                     prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions))
             # A row's first device count searches the whole space: its screens run side by side within each
             # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
             side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
@@ -159,7 +163,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
                                 key=lambda c: -(c["fine_rate"] or c["coarse_rate"]))
                 prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
-                    (prev.get(engine) or space(engine, devices, model, hardware))
+                    (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions))
                 row[engine] = {"config": dataclasses.asdict(t.best) if t.best else None,
                                "describe": t.best.describe(devices) if t.best else None,
                                "max_slo_rate": t.max_slo_rate, "ttft_p90_s": t.ttft_p90_s,
@@ -191,10 +195,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             if out_dir is not None:      # partial results survive an interrupted run
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
-                                prefix_cache=prefix_cache, num_requests=num_requests)
+                                prefix_cache=prefix_cache, num_requests=num_requests,
+                                fleet_fractions=fleet_fractions)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
     out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
-                   num_requests=num_requests)
+                   num_requests=num_requests, fleet_fractions=fleet_fractions)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -215,13 +220,15 @@ def _tune_engine(job: tuple) -> tuple:
 
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
-             prefix_cache: bool = False, num_requests: int | None = None) -> dict:
+             prefix_cache: bool = False, num_requests: int | None = None,
+             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> dict:
     """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
-            "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache}
+            "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
+            "fleet_fractions": list(fleet_fractions)}
 
 
 def _rate_at_task(job: tuple) -> dict:

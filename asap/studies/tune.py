@@ -163,6 +163,7 @@ WINDOWS = (0.002, 0.005)
 SELECTORS = ("oldest", "fullest")
 # length-aware fleets (`_fleets`): the wide group's attention TP, chunk, and the prompt length it takes from
 FLEET_WIDE_TP, FLEET_CHUNK, FLEET_FROM = (4, 8, 16), 32768, 32768
+FLEET_FRACTIONS = (0.5,)     # the wide group's share of an instance's devices (the default: half)
 
 
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
@@ -185,7 +186,8 @@ def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="clo
 
 
 def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384",
-          prompt_len: float = 4096, full: bool = True) -> list[EngineConfig]:
+          prompt_len: float = 4096, full: bool = True,
+          fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> list[EngineConfig]:
     """The candidate configurations of `engine` on `devices` devices (feasible ones only).
 
     Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
@@ -193,7 +195,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     memory is full). Secondary knobs (full=True): sync two-batch overlap off and the round-robin router;
     async micro-batch depth 1 / 3, the round-robin router, an expert batching window of 2 / 5 ms and the fullest-layer
     expert selector. The first candidate of each engine is its
-    default (TBO on / k=2, queue-aware)."""
+    default (TBO on / k=2, queue-aware). fleet_fractions: the wide group's shares of an instance that the
+    length-aware fleets try (`_fleets`), the same for both engines."""
     cfg, hw = get_model(model), get_hardware(hardware)
     if engine not in ("sync", "async"):
         raise ValueError(f"engine must be 'sync' or 'async', got {engine!r}")
@@ -222,32 +225,37 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
         # co-located: every device a replica's attention and 1/size of the experts, so sync's memory per device
         out += [EngineConfig("async", tp, budget, instances=inst, attention_workers=size // tp, colocated=True)
                 for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) for budget in CHUNKS]
-    out += _fleets(engine, devices, cfg, hw, model, hardware)
+    out += _fleets(engine, devices, cfg, hw, model, hardware, fleet_fractions)
     if full:
         out += [v for c in out for v in secondary(c)]
     return out
 
 
-def _fleets(engine: str, devices: int, cfg, hw, model, hardware) -> list[EngineConfig]:
-    """Length-aware fleets, the same shapes for both engines: in each instance, half the devices form the wide
-    group (DP groups / replicas of FLEET_WIDE_TP, chunk FLEET_CHUNK) for prompts of >= FLEET_FROM tokens, the
-    other half the narrow group (attention TP and chunk as the other candidates). Sync: two deployments behind
-    a length-aware proxy, each holding the whole model (asap.sim.run.split_by_length); async: co-located, one
-    expert pool on all the devices (asap.scheduler.length_router)."""
+def _fleets(engine: str, devices: int, cfg, hw, model, hardware,
+            fractions: tuple[float, ...] = FLEET_FRACTIONS) -> list[EngineConfig]:
+    """Length-aware fleets, the same shapes for both engines: in each instance, a share (`fractions`, default
+    half) of the devices forms the wide group (DP groups / replicas of FLEET_WIDE_TP, chunk FLEET_CHUNK) for
+    prompts of >= FLEET_FROM tokens, the rest the narrow group (attention TP and chunk as the other
+    candidates). Sync: two deployments behind a length-aware proxy, each holding the whole model
+    (asap.sim.run.split_by_length), so a group too small for the weights is left out; async: co-located,
+    one expert pool on all the devices (asap.scheduler.length_router)."""
     out = []
     for size in instance_sizes(devices, engine, model, hardware):
-        inst, half = devices // size, size // 2
-        if half < 1:
-            continue
-        if engine == "sync":
-            narrow_tps = _sync_memory_tps(SYNC_TP, size - half, cfg, hw)
-            wide_tps = _sync_memory_tps(FLEET_WIDE_TP, half, cfg, hw)
-        else:
-            narrow_tps = [tp for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) if (size - half) % tp == 0]
-            wide_tps = [w for w in _sync_memory_tps(FLEET_WIDE_TP, size, cfg, hw) if half % w == 0]
-        out += [EngineConfig(engine, tp, budget, instances=inst, colocated=engine == "async", wide_replicas=half // w,
-                             wide_tp=w, wide_from_tokens=FLEET_FROM, wide_token_budget=FLEET_CHUNK)
-                for tp in narrow_tps for w in wide_tps for budget in CHUNKS]
+        inst = devices // size
+        for f in fractions:
+            wide = int(size * f)           # half: size // 2
+            if not 1 <= wide < size:
+                continue
+            if engine == "sync":
+                narrow_tps = _sync_memory_tps(SYNC_TP, size - wide, cfg, hw)
+                wide_tps = _sync_memory_tps(FLEET_WIDE_TP, wide, cfg, hw)
+            else:
+                narrow_tps = [tp for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) if (size - wide) % tp == 0]
+                wide_tps = [w for w in _sync_memory_tps(FLEET_WIDE_TP, size, cfg, hw) if wide % w == 0]
+            out += [EngineConfig(engine, tp, budget, instances=inst, colocated=engine == "async",
+                                 wide_replicas=wide // w, wide_tp=w, wide_from_tokens=FLEET_FROM,
+                                 wide_token_budget=FLEET_CHUNK)
+                    for tp in narrow_tps for w in wide_tps for budget in CHUNKS]
     return out
 
 
@@ -302,7 +310,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
          candidates: list[EngineConfig] | None = None, target: float = TARGET, zipf: float = 0.0,
          start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
          prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
-         cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None) -> Tuned:
+         cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None,
+         fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
@@ -311,14 +320,16 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     screen: screen the candidates before the rate searches (default: when there are more than FINALISTS).
     cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated.
     executor (asap.studies.parallel): runs the screen's simulations and the fine searches side by side; the
-    result is the same as a serial run's (default). progress: prints a line per simulation (to stderr)."""
+    result is the same as a serial run's (default). progress: prints a line per simulation (to stderr).
+    fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.tune.space)."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     key = CRITERIA[criterion]
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("tune needs requests with deadlines (asap.workload.slo.SLO.apply)")
     prompt_len = token_weighted_length(requests)
-    cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len, full=False)
+    cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len, full=False,
+                                                            fleet_fractions=fleet_fractions)
     if prefix_cache:
         cands = list(dict.fromkeys(dataclasses.replace(c, prefix_cache=True) for c in cands))
     if not cands:
