@@ -7,11 +7,11 @@
 A change that only makes the simulator faster must not move a single TTFT. This runs one battery in each
 checkout (each in a fresh process, side by side) and compares a SHA-256 of every case's outcome (and prints
 each simulation's CPU time in both, side by side: a rough speed comparison, the machine being shared):
-- eleven engine configurations, each simulated once: sync (2 instances of DP2 x TP8; DP32 with TBO off; a
-  length-aware fleet; expected expert loads; fixed 4K prompts) and async (a separate expert pool with the
-  fullest-layer selector and a 2 ms window; adaptive depth; co-located; a co-located fleet; TP4 replicas
-  with expected loads; fixed 4K), on the first 500 requests of the conversation trace (or fixed-4k) under
-  the SLO 2 s + 1 ms/token: the TTFTs and the event count;
+- thirteen engine configurations, each simulated once: sync (2 instances of DP2 x TP8; DP32 with TBO off;
+  a length-aware fleet; expected expert loads; fixed 4K prompts; the prefix cache) and async (a separate
+  expert pool with the fullest-layer selector and a 2 ms window; adaptive depth; co-located; a co-located
+  fleet; TP4 replicas with expected loads; fixed 4K; the prefix cache), on the first 500 requests of the
+  conversation trace (or fixed-4k) under the SLO 2 s + 1 ms/token: the TTFTs and the event count;
 - every stored demo tuning (asap/demo/tuned.json): each engine's configuration at its stored maximum on the
   requests it was tuned on: the TTFTs;
 - a whole tune (asap.studies.tune: screen, coarse and fine rate searches) of each engine over a slice of
@@ -72,6 +72,8 @@ cases = {
                    expert_load="expected"), 5.0, conv),
     "async A=17, fullest, fixed 4K": (A(attention_workers=17, token_budget=16384, selector="fullest",
                                         microbatches=3), 31.0, fixed),
+    "sync DP4 x TP8, prefix cache": (S(attention_tp=8, token_budget=16384, prefix_cache=True), 2.4, conv),
+    "async A=16, prefix cache": (A(attention_workers=16, token_budget=8192, prefix_cache=True), 3.2, conv),
 }
 for name, (spec, rate, reqs) in cases.items():
     cpu = time.process_time()
@@ -126,13 +128,17 @@ def collect(p: subprocess.Popen, root: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def record(old: str, new: str, cases: int, against: Path) -> None:
+def record(old: str, new: str, cases: int, against: Path) -> bool:
+    """Append the pair to the ledger; False where it is there already."""
     ledger = json.loads(LEDGER.read_text()) if LEDGER.is_file() else []
+    if any({e["from"], e["to"]} == {old, new} for e in ledger):
+        return False
     commit = subprocess.run(["git", "-C", str(against), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
     ledger.append({"from": old, "to": new, "cases": cases, "date": datetime.date.today().isoformat(),
                    "how": f"python benchmarks/sim_equivalence.py --against <checkout of {commit}> --record"})
     LEDGER.write_text(json.dumps(ledger, indent=1) + "\n")
+    return True
 
 
 def main(argv=None) -> int:
@@ -158,9 +164,10 @@ def main(argv=None) -> int:
             print("nothing recorded: the checkouts differ")
         elif old["fingerprint"] == new["fingerprint"]:
             print("nothing recorded: the fingerprints are already the same")
+        elif record(old["fingerprint"], new["fingerprint"], len(new["cases"]), a.against):
+            print(f"recorded {old['fingerprint']} -> {new['fingerprint']} in {LEDGER}")
         else:
-            record(old["fingerprint"], new["fingerprint"], len(new["cases"]), a.against)
-            print(f"recorded {old['fingerprint']} -> {new['fingerprint']} in {LEDGER.relative_to(HERE)}")
+            print(f"{old['fingerprint']} and {new['fingerprint']} were recorded as the same already")
     return 0 if same else 1
 
 
