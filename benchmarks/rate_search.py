@@ -19,7 +19,7 @@ import sys
 import time
 
 from asap.studies.headline import rate_at
-from asap.studies.tune import EngineConfig
+from asap.studies.tune import CRITERIA, EngineConfig
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--lo", type=float, default=10.0, help="the rate search's first rate (req/s)")
     p.add_argument("--slo", default="2s+1ms/tok")
     p.add_argument("--tol", type=float, default=0.02, help="the rate search's relative tolerance")
-    p.add_argument("--criterion", default="requests", choices=["requests", "every-bucket", "both"],
+    p.add_argument("--criterion", default="requests", choices=[*CRITERIA, "both"],
                    help=">= 90%% of all requests within SLO, or >= 90%% in every prompt-length bucket, or both "
                         "(sharing the simulations; default requests)")
     p.add_argument("--config", action="append", default=None,
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     configs = [json.loads(c) for c in args.config] if args.config else DEFAULTS
     reqs = parse_slo(args.slo).apply(workload_requests(args.workload, args.num_requests))
-    criteria = ["requests", "every-bucket"] if args.criterion == "both" else [args.criterion]
+    criteria = list(CRITERIA) if args.criterion == "both" else [args.criterion]
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for kw in configs:
         c, cache = EngineConfig(**kw), {}

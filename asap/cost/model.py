@@ -30,8 +30,6 @@ Shape legend: D hidden, H heads, E experts, k top-k, I expert width, T tokens.
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import replace
 
 import numpy as np
@@ -66,8 +64,6 @@ class CostModel:
         self.shared_params = ops.shared_params(model)
         self.dense_params = ops.dense_params(model)
         self.expert_params = ops.expert_params(model)
-        self._expert_row_bytes, self._expert_act_bytes = ops.expert_row_bytes(model), ops.expert_act_bytes(model)
-        self._gemm_rate, self._act_rate = self.rates["experts"], self.rates["elementwise"]
         self.moe_index = [-1] * model.num_layers        # layer -> position among MoE layers
         for i, layer in enumerate(model.moe_layer_ids):
             self.moe_index[layer] = i
@@ -164,15 +160,8 @@ class CostModel:
         mu = shares.draws.max_rows(moe_idx, num_tokens) / g
         if mu <= 0:
             return 0.0
-        # _expert_compute(mu, touched_experts(...)) written out (once per async expert batch: the hot path);
-        # the same operations in the same order, so the same floats
-        slots = max(1.0, shares.slots / g)
-        touched = slots * -math.expm1(-mu / slots)
-        gemm, act = self._gemm_rate, self._act_rate
-        p, tile_m = self.expert_params, self.hw.gemm_tile_m
-        flops = 2 * (mu + touched * (tile_m - 1) / 2) * p
-        nbytes = touched * p * self.hw.weight_bytes + mu * self._expert_row_bytes
-        return max(gemm.seconds(flops, nbytes) + act.seconds(0.0, mu * self._expert_act_bytes), mu * nic_per_copy)
+        out = self._expert_compute(mu, ops.touched_experts(mu, max(1.0, shares.slots / g)))
+        return max(out["experts"] + out["expert_act"], mu * nic_per_copy)
 
     def alltoall_rows(self, moe_idx: int, num_tokens: float, shares: ExpertShares):
         """A sync all-to-all's drawn rows per rank (numpy), or None where `shares` has no draws."""
