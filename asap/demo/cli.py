@@ -1,7 +1,7 @@
 """`asap demo`: REAL exactness, an EMULATED 24-device DeepSeek-V3 cluster, the SIMULATED headline case.
 
-3-5 minutes on two cores (measured with other jobs running: 3.5 and 5 min; `--quick`, for tests:
-2.3-3.6 min); progress goes to stderr.
+About 3 minutes on two quiet cores, 4-5 loaded (the emulated part's dilation rises with the load);
+`--quick`, for tests, 1-3 minutes. Progress goes to stderr.
 Prints three labelled parts and a summary whose verdict is computed from this run's numbers, and
 writes demo.json (everything), demo.png (TTFT CDFs and worker timelines of the emulated runs) and
 per-engine timelines/Chrome traces into --out. On a loaded machine the EMULATED part raises its
@@ -30,12 +30,12 @@ RULE = "=" * 100
 
 def register(sub):
     p = sub.add_parser("demo", help="exact on this CPU, then async vs sync on an emulated and a simulated "
-                                    "DeepSeek-V3 cluster (3-5 minutes)", description=__doc__,
+                                    "DeepSeek-V3 cluster (~3 minutes; 4-5 on a loaded machine)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="asap-demo-out", help="directory for demo.json and the plots")
     p.add_argument("--quick", action="store_true", help="fewer devices and requests (for tests; 2-4 minutes)")
     p.add_argument("--retune", action="store_true",
-                   help="rerun the emulated cluster's configuration search (asap/demo/tuning.py, 10-25 minutes) "
+                   help="rerun the emulated cluster's configuration search (asap/demo/tuning.py, ~10 minutes with --jobs 2) "
                         "instead of reading asap/demo/tuned.json (the headline case's: python -m asap.demo.tuning)")
     p.set_defaults(func=run)
 

@@ -23,7 +23,7 @@ from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
 from asap.demo.load import FLAG_MARGIN, MAX_RAISE, contention, flag, machine_load, raised_dilation
 from asap.demo.settings import DemoSettings, demo_requests
-from asap.demo.tuning import rate_text, tuned_configs
+from asap.demo.tuning import rate_text, tuned_configs, worker_processes
 
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
@@ -64,14 +64,14 @@ def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list
     requests = demo_requests(s, s.devices, s.num_requests, s.rate)
     out = {"devices": s.devices, "model": s.model, "hardware": s.hardware, "dilation": s.dilation,
            "base_dilation": base, "load_avg_before": load.load_avg, "cores": load.cores,
-           "num_requests": len(requests), "rate": s.rate, "tuned": tuned["tuning"],
+           "num_requests": len(requests), "rate": s.rate, "length_scale": s.length_scale,
+           "max_tokens": s.max_tokens, "tuned": tuned["tuning"],
            "tuned_source": tuned["source"], "notes": [],
            "tune_s": time.monotonic() - t0, "engines": {}}
     runs = []
     for engine in ("sync", "async"):
         runtime = runtime_for(tuned[engine], s, s.devices)
-        procs = runtime.devices // runtime.attention_tp if engine == "sync" else \
-            runtime.attention_workers + runtime.expert_workers
+        procs = worker_processes(tuned[engine], s.devices)
         log(f"EMULATED: {engine}: starting {procs} worker processes for {s.devices} dies "
             f"({tuned[engine].describe(s.devices)})")
         target = EngineTarget(engine, s.model, runtime, progress=False)
@@ -128,8 +128,8 @@ def mean_fraction(workers: dict, kind: str, prefix: str = "") -> float | None:
 
 def format_emulated(e: dict) -> list[str]:
     lines = [f"{e['model']} on {e['devices']} CloudMatrix384-like dies: {e['num_requests']} requests, Poisson at "
-             f"{e['rate']:g} req/s, Mooncake prompt lengths; dilation {e['dilation']:g} (times below are emulated-"
-             f"hardware time)",
+             f"{e['rate']:g} req/s, Mooncake prompt lengths{_lengths(e)}; dilation {e['dilation']:g} (times below are "
+             f"emulated-hardware time)",
              f"best-tuned configurations (SIMULATED search by asap.studies.tune over the emulatable candidates, "
              f"{e['tuned_source']}):"]
     for engine, t in e["tuned"].items():
@@ -150,6 +150,12 @@ def format_emulated(e: dict) -> list[str]:
                  "every MoE layer)")
     lines += [f"note: {n}" for n in e.get("notes", [])]
     return lines
+
+
+def _lengths(e: dict) -> str:
+    if "length_scale" not in e:
+        return ""
+    return f" x {e['length_scale']:g}, at most {e['max_tokens']:,} tokens"
 
 
 def load_line(e: dict) -> str:
