@@ -23,15 +23,15 @@ from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
 from asap.demo.load import FLAG_MARGIN, MAX_RAISE, contention, flag, machine_load, raised_dilation
 from asap.demo.settings import DemoSettings, demo_requests
-from asap.demo.tuning import rate_text, tuned_configs, worker_processes
+from asap.demo.tuning import expert_workers, rate_text, tuned_configs, worker_processes
 
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
     from asap.sim.run import get_model
     tp = c.attention_tp
-    colocated = getattr(c, "colocated", False)      # every die an attention replica's share and an expert shard
-    workers = devices // tp if c.engine == "sync" else devices if colocated else devices - c.attention_workers * tp
+    colocated = c.colocated         # every die an attention replica's share and an expert shard
+    workers = expert_workers(c, devices)
     # None: the fewest extra copies that give every worker the same slot count, as the simulator takes it
     redundant = c.redundant_experts if c.redundant_experts is not None else (-get_model(s.model).num_experts) % workers
     common = dict(compute="emulated", hardware=s.hardware, dilation=s.dilation, token_budget=c.token_budget,
@@ -153,8 +153,6 @@ def format_emulated(e: dict) -> list[str]:
 
 
 def _lengths(e: dict) -> str:
-    if "length_scale" not in e:
-        return ""
     return f" x {e['length_scale']:g}, at most {e['max_tokens']:,} tokens"
 
 

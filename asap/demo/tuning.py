@@ -51,14 +51,18 @@ def headline_key(s: DemoSettings) -> str:
     return f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
 
 
-def worker_processes(c, devices: int) -> int:
-    """The worker processes the runtime starts for `c` on `devices` devices (one instance): a sync rank per
-    attention TP group; async, a process per attention replica and per expert worker (co-located: an expert
-    worker on every device beside the replicas)."""
+def expert_workers(c, devices: int) -> int:
+    """The expert side's processes for `c` on `devices` devices (one instance): sync, a rank per attention TP
+    group (each holds its EP shard); async, an expert worker per device of the pool (co-located: every device)."""
     if c.engine == "sync":
         return devices // c.attention_tp
-    a = c.attention_workers
-    return a + (devices if c.colocated else devices - a * c.attention_tp)
+    return devices if c.colocated else devices - c.attention_workers * c.attention_tp
+
+
+def worker_processes(c, devices: int) -> int:
+    """The worker processes the runtime starts for `c` on `devices` devices: the expert side's, and for async
+    a process per attention replica beside them."""
+    return expert_workers(c, devices) + (0 if c.engine == "sync" else c.attention_workers)
 
 
 def emulatable(c, devices: int) -> bool:
