@@ -52,7 +52,8 @@ class DemoSettings:
 # sync falls below 90% (the simulator needs ~120 requests at 16 req/s for that, minutes of emulation), so the run
 # shows the barrier's stall, not a failure. Dilation 12: at 8 the CPU work around each layer's messages was no
 # longer small against TP8's short ops (32 requests at 14 req/s: sync 0.88 within SLO against the simulator's
-# 0.97); at 12 and 16 sync's emulated P90 TTFT came within 3-5% of the simulator's, async's 24-35% above it.
+# 0.97); at 12 and 16 sync's emulated P90 TTFT came within 3-5% of the simulator's, async's 0-76% above it
+# (24 processes on two cores: the least faithful part).
 FULL = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 7, 64, 333, 900, 2048), real_token_budget=512,
                     devices=24, num_requests=24, rate=13.6, dilation=12.0, sim_devices=32, sim_requests=750)
 QUICK = DemoSettings(real_model="tiny-deepseek-v3", real_lengths=(1, 130, 700), real_token_budget=256,
