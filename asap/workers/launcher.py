@@ -54,8 +54,8 @@ class Cluster:
         rt = specs[0].runtime
         self.heartbeat_timeout_s = rt.heartbeat_timeout_s
         self.results = ctx.Queue()
-        # Two stop events, one per stage: replicas (attention workers, sync ranks) stop before experts.
-        self.stops = {"replicas": ctx.Event(), "experts": ctx.Event()}
+        # Two stop flags, one per stage: replicas (attention workers, sync ranks) stop before experts.
+        self.stops = {"replicas": StopFlag(ctx), "experts": StopFlag(ctx)}
         # Replicas (async attention workers, sync ranks) take requests; expert workers take none.
         self.controls = {s.index: ctx.Queue() for s in specs if s.role != "expert"}
         self.procs = {}
@@ -151,6 +151,21 @@ class Cluster:
             transport_spec.cleanup()
         except Exception:  # noqa: BLE001
             pass
+
+
+class StopFlag:
+    """A stop signal the launcher sets and workers poll (`set`, `is_set`), one byte of shared memory with no lock.
+    A multiprocessing.Event takes a lock even in is_set(), so a worker SIGKILLed while polling it left the lock
+    held and the launcher's set() blocked forever (a restart after an expert kill hung)."""
+
+    def __init__(self, ctx):
+        self._flag = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
 
 
 def _stop(procs, grace_s: float) -> None:
