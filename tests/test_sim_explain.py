@@ -125,3 +125,14 @@ def test_the_explain_command_takes_a_whole_configuration_as_json(capsys):
         assert main(["sim", "explain", "--config", bad, *small]) == 2
         assert why in capsys.readouterr().err
     assert main(["sim", "explain", *small]) == 2 and "--engine" in capsys.readouterr().err
+
+
+def test_a_rate_the_engine_cannot_sustain_is_flagged_by_its_last_third():
+    """Past capacity the queue grows over the run: the last third of the arrivals misses far more than the
+    first, and the printed breakdown says the rate is not sustained; under capacity the thirds agree."""
+    reqs = SLO(0.05, 1e-5).apply([Request(i, 500 + 1500 * (i % 5), 0.004 * i) for i in range(300)])
+    light = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=150.0, **SMALL)
+    over = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=3000.0, **SMALL)
+    assert light["by_arrival_third"] == [1.0, 1.0, 1.0] and "not sustained" not in format_explain(light)
+    first, _, last = over["by_arrival_third"]
+    assert first > last + 0.5 and "not sustained" in format_explain(over)
