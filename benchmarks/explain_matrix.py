@@ -40,7 +40,8 @@ CASES = {
     "fixed-2k": (76.48, 6000, dict(engine="sync", token_budget=4096), dict(_FULLEST, attention_workers=16)),
     "fixed-4k": (34.50, 2500, dict(engine="sync", token_budget=4096), dict(_FULLEST, attention_workers=17)),
     "fixed-8k": (13.59, 2500, dict(engine="sync", token_budget=8192), dict(_FULLEST, attention_workers=19)),
-    "lognormal": (None, 2500, None, None),      # filled from the log-normal searches
+    "lognormal": (11.75, 2500, _SYNC_FLEET,
+                  dict(engine="async", token_budget=8192, colocated=True, window_s=0.002)),
     "conversation": (2.383, 750, _SYNC_FLEET, dict(_ASYNC_FLEET, wide_replicas=4)),
 }
 AT_384 = {"conversation": (31.98, 6000, dict(_SYNC_FLEET, instances=12),
@@ -100,8 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", default=None, choices=list(CASES), help="these workloads only")
     p.add_argument("--out", default=None, help="write every breakdown here as JSON")
     a = p.parse_args(argv)
-    jobs = [j for w, case in CASES.items() if case[0] is not None and (not a.only or w in a.only)
-            for d in a.devices for j in jobs_for(w, d)]
+    jobs = [j for w in CASES if not a.only or w in a.only for d in a.devices for j in jobs_for(w, d)]
     print("[SIMULATED] where the time goes, each pair at sync's maximum; busy / stall / idle as shares of the "
           "window, mean over a role's units", flush=True)
     print("| workload | dies | engine | req/s | within SLO | P90 TTFT (s) | busy / stall / idle per role | "
