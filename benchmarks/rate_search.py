@@ -47,10 +47,12 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="append", default=None,
                    help="an asap.studies.tune.EngineConfig as JSON (repeatable; default: the hand-picked set)")
     args = p.parse_args(argv)
+    if args.sustain < 0 or args.sustain == 1:
+        p.error(f"--sustain must be 0 (no check) or >= 2, got {args.sustain}")
     configs = [json.loads(c) for c in args.config] if args.config else DEFAULTS
     slo = parse_slo(args.slo)
     reqs = slo.apply(workload_requests(args.workload, args.num_requests))
-    longer = slo.apply(workload_requests(args.workload, args.num_requests * args.sustain)) if args.sustain > 1 else None
+    longer = slo.apply(workload_requests(args.workload, args.num_requests * args.sustain)) if args.sustain else None
     criteria = list(CRITERIA) if args.criterion == "both" else [args.criterion]
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for kw in configs:
