@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from asap.studies.explain import explain
+from asap.studies.explain import _fractions, explain
 from asap.studies.tune import EngineConfig
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
@@ -78,15 +78,14 @@ def _roles(x: dict) -> dict:
         for u in p["units"]:
             role = f"{p['deployment']} {u['role']}" if "deployment" in p else u["role"]
             out.setdefault(role, []).append(u)
-    w = x["wall_s"]
-    return {role: {k: sum(u[k] for u in us) / len(us) / w for k in ("busy_s", "stall_s", "idle_s")}
+    return {role: {k: mean for k, (mean, _, _) in _fractions(us, x["wall_s"]).items()}
             | {"units": len(us), "dies": sum(u["dies"] for u in us)} for role, us in out.items()}
 
 
 def row(c: dict) -> str:
     x = c["explain"]
     s = x["summary"]
-    cols = [f"{role} ({f['dies']} dies): {f['busy_s']:.0%} / {f['stall_s']:.0%} / {f['idle_s']:.0%}"
+    cols = [f"{role} ({f['dies']} dies): {f['busy']:.0%} / {f['stall']:.0%} / {f['idle']:.0%}"
             for role, f in _roles(x).items()]
     eb = [p["expert_batches"] for p in x.get("deployments", [x]) if p["expert_batches"].get("mean_tokens") is not None]
     batch = "; ".join(f"{b['mean_tokens'] / 1e3:.1f}K ({b['routed_tokens_per_die'] / 1e3:.1f}K/die)" for b in eb)

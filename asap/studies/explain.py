@@ -156,10 +156,8 @@ def by_arrival_third(results) -> list[float | None]:
     run's overall attainment holds only for a run that short."""
     rs = sorted(results, key=lambda r: r.arrival)
     n = len(rs)
-    out = []
-    for part in (rs[:n // 3], rs[n // 3:2 * n // 3], rs[2 * n // 3:]):
-        out.append(sum(r.ok and r.ttft <= r.deadline_s for r in part) / len(part) if part else None)
-    return out
+    return [summarize(part)["slo_attainment"] if part else None
+            for part in (rs[:n // 3], rs[n // 3:2 * n // 3], rs[2 * n // 3:])]
 
 
 def _deployment(spec) -> str:
