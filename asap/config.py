@@ -57,10 +57,17 @@ class RuntimeConfig:
     colocated: bool = _f(False, "async: every device hosts an attention replica and an expert shard (1/N of the "
                                 "experts), expert work first; needs expert_workers = attention_workers x "
                                 "attention_tp (the N devices)")
+    wide_replicas: int = _f(0, "async colocated: a length-aware fleet, this many wide replicas of wide_tp devices "
+                               "beside the attention_workers narrow ones; prompts of >= wide_from_tokens go to the "
+                               "wide group, the rest to the narrow one, overflowing to the other group when their "
+                               "own would miss the deadline (asap.scheduler.length_router)")
+    wide_tp: int = _f(4, "attention tensor parallelism of each wide replica (> 1 needs compute emulated)")
+    wide_from_tokens: int = _f(32768, "prompts of at least this many tokens go to the wide replicas")
+    wide_token_budget: int = _f(0, "the wide replicas' max prompt tokens per step (0: token_budget)")
 
     def __post_init__(self):
         for name in ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
-                     "max_queue", "threads_per_worker", "emulated_hidden", "ring_mb"):
+                     "max_queue", "threads_per_worker", "emulated_hidden", "ring_mb", "wide_tp", "wide_from_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.transport not in ("shm", "gloo", "nccl"):
@@ -74,6 +81,8 @@ class RuntimeConfig:
         if self.attention_tp > 1 and self.compute != "emulated":
             raise ValueError(f"attention_tp={self.attention_tp} needs compute='emulated': real-compute tensor "
                              "parallelism is not built")
+        if self.wide_replicas:
+            self._check_fleet()
         if self.colocated:
             self._check_colocated()
         from asap.scheduler.expert_select import SELECTORS
@@ -94,11 +103,41 @@ class RuntimeConfig:
         """The fullest selector's age bound in seconds; None for the other selectors, which have none."""
         return self.expert_max_wait_ms / 1000 if self.selector == "fullest" else None
 
+    @property
+    def replica_tps(self) -> tuple[int, ...]:
+        """async: each replica's attention TP, the narrow replicas first, then the wide ones (a fleet)."""
+        return (self.attention_tp,) * self.attention_workers + (self.wide_tp,) * self.wide_replicas
+
+    @property
+    def replica_budgets(self) -> tuple[int, ...]:
+        """async: each replica's token budget per step, in replica_tps' order."""
+        return (self.token_budget,) * self.attention_workers + \
+            (self.wide_token_budget or self.token_budget,) * self.wide_replicas
+
+    def replica_devices(self, replica: int) -> range:
+        """async colocated: the devices (= expert workers) replica `replica` runs on."""
+        first = sum(self.replica_tps[:replica])
+        return range(first, first + self.replica_tps[replica])
+
+    def _check_fleet(self):
+        if self.wide_replicas < 0:
+            raise ValueError(f"wide_replicas must be >= 0, got {self.wide_replicas}")
+        if not self.colocated:
+            raise ValueError("wide_replicas (a length-aware fleet) is built for the async co-located layout: set "
+                             "colocated (as the simulator does)")
+        if self.wide_tp > 1 and self.compute != "emulated":
+            raise ValueError(f"wide_tp={self.wide_tp} needs compute='emulated': real-compute tensor parallelism "
+                             "is not built (wide_tp=1 runs for real)")
+        if self.wide_token_budget < 0:
+            raise ValueError(f"wide_token_budget must be >= 0 (0: token_budget), got {self.wide_token_budget}")
+
     def _check_colocated(self):
-        devices = self.attention_workers * self.attention_tp
+        devices = sum(self.replica_tps)
         if self.expert_workers != devices:
+            fleet = f" + wide_replicas x wide_tp" if self.wide_replicas else ""
             raise ValueError(f"colocated: every device hosts one expert shard, so expert_workers must equal "
-                             f"attention_workers x attention_tp = {devices} (the devices), got {self.expert_workers}")
+                             f"attention_workers x attention_tp{fleet} = {devices} (the devices), got "
+                             f"{self.expert_workers}")
         if self.transport == "nccl":
             raise ValueError("colocated: transport nccl cannot send between the two processes on one GPU; "
                              "use transport shm (or gloo)")

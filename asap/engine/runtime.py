@@ -1,7 +1,8 @@
 """The async and sync engines: the same engine process around different worker loops.
 
 mode="async": A attention replicas + E expert workers (N = A + E devices); with colocated, N = E = A x
-              attention_tp devices, each running a replica's attention and an expert shard (asap.workers.layout).
+              attention_tp devices, each running a replica's attention and an expert shard (asap.workers.layout);
+              a co-located length-aware fleet adds wide_replicas replicas of wide_tp devices for long prompts.
 mode="sync":  N ranks, each an attention replica plus 1/N of the experts.
 The engine routes each request to a replica with the shared router policy,
 collects results, and watches the workers: when one dies or misses its heartbeats
@@ -32,6 +33,7 @@ from asap.scheduler.errors import QueueFull, Rejected
 from asap.scheduler.request import Request
 from asap.scheduler.placement import Placement, RoutingStats, balanced_placement
 from asap.engine.loads import ReplicaBook
+from asap.scheduler.length_router import LengthRouter
 from asap.scheduler.router import QueueAwareRouter, make_router
 from asap.workers.launcher import Cluster
 from asap.workers.messages import Abort, Failure, Planned, Result, RoutingCounts, Spans, Started, Submit
@@ -47,15 +49,25 @@ class RuntimeEngine:
         # dtype None: the checkpoint's torch_dtype, resolved once here so every worker gets the same name.
         self.dtype = runtime_dtype(self.cfg, dtype)
         self.emulated = rt.compute == "emulated"
-        self.num_replicas = rt.attention_workers if mode == "async" else rt.devices // rt.attention_tp
+        self.num_replicas = len(rt.replica_tps) if mode == "async" else rt.devices // rt.attention_tp
         self._layout_args = (self.cfg, rt, mode, str(model_dir), str(self.dtype).removeprefix("torch."),
                              str(device), send_kv)
         self.placement: Placement | None = None          # None: the layout's default
         self.routing_stats = RoutingStats(self.cfg.num_layers, self.cfg.num_experts)
         cost = replica_cost(self.cfg, rt, mode)
         self.router = make_router(rt.router, cost)
-        self.router_cost = cost                          # predicts a replica's step in progress (asap.engine.loads)
-        self.predictor = QueueAwareRouter(cost)          # predicted TTFT for admission, whatever the router
+        # Per replica: the cost that predicts its step in progress (asap.engine.loads) and its predicted TTFT for
+        # admission, whatever the router. A length-aware fleet's wide replicas have their own TP, and the router
+        # picks the group by the prompt's length (asap.scheduler.length_router), as in the simulator.
+        self.router_costs = [cost] * self.num_replicas
+        self.predictors = [QueueAwareRouter(cost)] * self.num_replicas
+        if mode == "async" and rt.wide_replicas:
+            wide_cost = replica_cost(self.cfg, rt, mode, rt.wide_tp)
+            narrow = rt.attention_workers
+            self.router = LengthRouter(self.router, make_router(rt.router, wide_cost),
+                                       set(range(narrow, self.num_replicas)), rt.wide_from_tokens)
+            self.router_costs[narrow:] = [wide_cost] * rt.wide_replicas
+            self.predictors[narrow:] = [QueueAwareRouter(wide_cost)] * rt.wide_replicas
         self.admission = SLOAdmission(rt.admission, rt.admission_slack)
         self.max_outstanding = rt.max_queue * self.num_replicas
         self._lock = threading.Lock()
@@ -120,7 +132,7 @@ class RuntimeEngine:
             loads = [book.load(i) for i, book in enumerate(self._loads)]
             replica = self.router.route(req, loads, now)
             try:
-                self.admission.admit(req, self.predictor.predict(req, loads[replica], now) - now, now)
+                self.admission.admit(req, self.predictors[replica].predict(req, loads[replica], now) - now, now)
             except Rejected as e:
                 fut.set_exception(e)
                 return fut
@@ -195,7 +207,7 @@ class RuntimeEngine:
                 pass
         elif isinstance(msg, Planned):
             with self._lock:
-                self._loads[msg.replica].planned(msg.step, time.monotonic(), self.router_cost)
+                self._loads[msg.replica].planned(msg.step, time.monotonic(), self.router_costs[msg.replica])
         elif isinstance(msg, Started):
             with self._lock:
                 if msg.request_id in self._futures:

@@ -17,7 +17,8 @@ from asap.sim.spec import EngineSpec
 
 HONOURED = frozenset({
     "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
-    "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware", "colocated"})
+    "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware", "colocated",
+    "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget"})
 MECHANICS = frozenset({
     "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
     "master_port", "master_addr", "remote_experts", "heartbeat_interval_s", "heartbeat_timeout_s",
@@ -52,11 +53,13 @@ def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", device
     if runtime.adaptive_depth and runtime.microbatches > MAX_ADAPTIVE_K:
         raise ValueError(f"RuntimeConfig.microbatches={runtime.microbatches} with adaptive_depth cannot be "
                          f"simulated: the simulator's adaptive depth tops out at {MAX_ADAPTIVE_K}")
+    fleet = dict(wide_replicas=runtime.wide_replicas, wide_tp=runtime.wide_tp,
+                 wide_from_tokens=runtime.wide_from_tokens, wide_token_budget=runtime.wide_token_budget or None) \
+        if runtime.wide_replicas else {}
     return EngineSpec(engine="async",
-                      devices=runtime.attention_workers * runtime.attention_tp + (0 if runtime.colocated else
-                                                                                  runtime.expert_workers),
-                      colocated=runtime.colocated,
-                      attention_workers=runtime.attention_workers, selector=runtime.selector,
+                      devices=sum(runtime.replica_tps) + (0 if runtime.colocated else runtime.expert_workers),
+                      colocated=runtime.colocated, **fleet,
+                      attention_workers=None if fleet else runtime.attention_workers, selector=runtime.selector,
                       microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                       window_s=runtime.aggregation_window_ms / 1000,
                       max_wait_s=runtime.expert_max_wait_s,

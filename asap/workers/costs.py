@@ -69,11 +69,12 @@ def default_routing(cfg: ModelConfig):
     return TokenRouting(cfg, DEFAULT_LOAD) if DEFAULT_LOAD.mode == "drawn" else None
 
 
-def runtime_cost_table(cfg: ModelConfig, rt, engine: str) -> CostTable:
+def runtime_cost_table(cfg: ModelConfig, rt, engine: str, tp: int | None = None) -> CostTable:
     """The cost table an engine's emulated workers wait on, with the options the simulator builds the same
     engine with (asap.sim.run.build_engine): sync, one rank per DP group of attention_tp devices, compute
-    sharing the cores with comm only under two-batch overlap; async, attention_tp per replica."""
-    tp = rt.attention_tp
+    sharing the cores with comm only under two-batch overlap; async, attention_tp per replica (tp: a fleet's
+    replica's own)."""
+    tp = rt.attention_tp if tp is None else tp
     routing = default_routing(cfg)
     if engine == "sync":
         return cost_table(cfg, rt.hardware, routing, attn_tp=tp, rank_devices=tp, overlapped=rt.microbatches > 1)

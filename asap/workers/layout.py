@@ -5,6 +5,8 @@ async colocated: the same ranks, E = A x attention_tp devices; expert worker e r
        to replica e // attention_tp. The attention replica and the expert shard of a device stay two processes
        (two ranks: the exchange between them is the same point-to-point one); one process per device, with
        expert kernels on a high-priority stream, is future work.
+       A length-aware fleet (wide_replicas): the A narrow replicas, then the wide ones (ranks [A, A + W)), each
+       on its own run of devices (RuntimeConfig.replica_devices); E = A x attention_tp + W x wide_tp.
 sync:  ranks [0, N) are replicas that also hold 1/N of the experts each.
 """
 from __future__ import annotations
@@ -48,10 +50,11 @@ def _transport(rt: RuntimeConfig, world: int, pairs, ring_bytes: int, num_gpus: 
                              device="cuda" if rt.transport == "nccl" else "cpu")
 
 
-def replica_cost(cfg: ModelConfig, rt: RuntimeConfig, mode: str):
-    """The router's cost predictor: the cost model on this engine's hardware profile (emulated: dilated)."""
+def replica_cost(cfg: ModelConfig, rt: RuntimeConfig, mode: str, tp: int | None = None):
+    """The router's cost predictor: the cost model on this engine's hardware profile (emulated: dilated), for a
+    replica of attention TP `tp` (default rt.attention_tp)."""
     from asap.workers.costs import runtime_cost_table
-    fn = runtime_cost_table(cfg, rt, mode).cost.replica_cost_fn()
+    fn = runtime_cost_table(cfg, rt, mode, tp).cost.replica_cost_fn()
     scale = rt.dilation if rt.compute == "emulated" else 1.0
     return lambda batch: scale * fn(batch)
 
@@ -77,7 +80,7 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
         raise ValueError(f"colocated is an async layout (mode 'async'), not {mode!r}: the sync engine's ranks "
                          "already hold a replica and an expert shard each")
     if mode == "async":
-        A, E = rt.attention_workers, rt.expert_workers
+        A, E = len(rt.replica_tps), rt.expert_workers
         if E > cfg.num_experts:
             raise ValueError(f"expert_workers={E} exceeds the model's {cfg.num_experts} experts")
         first_expert_rank, world = A, A + E
@@ -99,8 +102,9 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
     emulated = rt.compute == "emulated"
     hidden = rt.emulated_hidden if emulated else cfg.hidden_size
     # A ring holds a few of the largest messages: a replica's full step of activations plus routing.
-    ring = max(rt.ring_mb * 2**20, 3 * rt.token_budget * (hidden * 4 + cfg.top_k * 16) + 2**16) if not emulated \
-        else max(2**20, 4 * rt.token_budget * (hidden * 4 + cfg.top_k * 16))
+    budget = max(rt.replica_budgets) if mode == "async" else rt.token_budget
+    ring = max(rt.ring_mb * 2**20, 3 * budget * (hidden * 4 + cfg.top_k * 16) + 2**16) if not emulated \
+        else max(2**20, 4 * budget * (hidden * 4 + cfg.top_k * 16))
     common = dict(model_dir=model_dir, model_cfg=cfg, runtime=rt, placement=placement,
                   first_expert_rank=first_expert_rank, dtype=dtype, send_kv=send_kv)
     transport = _transport(rt, world, pairs, ring, num_gpus)
@@ -110,14 +114,14 @@ def build_layout(cfg: ModelConfig, rt: RuntimeConfig, mode: str, model_dir: str,
         return worker_device(device, rank, num_gpus) if rank < local else device
 
     if mode == "async":
-        tp = rt.attention_tp
-        # colocated: expert worker e runs on device e, replica e // tp's (real compute: tp = 1, the same cuda:i).
-        expert_dev = (lambda e: dev(e // tp)) if rt.colocated else (lambda e: dev(A + e))
+        # colocated: expert worker e runs on device e, its replica's (real compute: TP 1, the same cuda:i).
+        owner = [a for a in range(A) for _ in rt.replica_devices(a)] if rt.colocated else None
+        expert_dev = (lambda e: dev(owner[e])) if rt.colocated else (lambda e: dev(A + e))
         # colocated + emulated: the device's expert busy time, which stretches its replica's attention
         # (asap.workers.emulation.shared_device); real compute shares the real device.
         busy = _device_records(E, A) if rt.colocated and emulated else None
         specs = [WorkerSpec("attention", a, a, transport=transport, expert_ids=None, device=dev(a),
-                            shared_devices=tuple(busy[a * tp:(a + 1) * tp]) if busy else (), **common)
+                            shared_devices=tuple(busy[d] for d in rt.replica_devices(a)) if busy else (), **common)
                  for a in range(A)]
         specs += [WorkerSpec("expert", A + e, e, transport=transport, expert_ids=shard[e], device=expert_dev(e),
                              shared_devices=(busy[e],) if busy else (), **common)

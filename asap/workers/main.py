@@ -151,8 +151,9 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             heartbeat.attach(ctx)
         results.put(Ready(spec.rank, spec.role))
 
-        def replica():
-            sched = ReplicaScheduler(rt.token_budget, rt.order, rt.max_queue)
+        def replica():      # a fleet's replicas differ in token budget (RuntimeConfig.replica_budgets)
+            budget = rt.replica_budgets[spec.index] if spec.role == "attention" else rt.token_budget
+            sched = ReplicaScheduler(budget, rt.order, rt.max_queue)
             return Replica(spec.index, compute, sched, results, spec.send_kv)
 
         if spec.role == "attention":

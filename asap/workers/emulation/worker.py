@@ -42,8 +42,9 @@ def _shared_clock(spec):
     from asap.workers.emulation.shared_device import ExpertDeviceClock, SharedDeviceClock
     if spec.role == "expert":
         return ExpertDeviceClock(spec.shared_devices[0])
-    first = spec.first_expert_rank + spec.index * spec.runtime.attention_tp     # its devices' expert workers
-    return SharedDeviceClock(spec.shared_devices, spec.index, range(first, first + len(spec.shared_devices)))
+    devices = spec.runtime.replica_devices(spec.index)       # its devices' expert workers' ranks
+    return SharedDeviceClock(spec.shared_devices, spec.index, range(spec.first_expert_rank + devices.start,
+                                                                    spec.first_expert_rank + devices.stop))
 
 
 def emulated_worker(spec) -> tuple[EmulatedCompute, Emulation]:
@@ -51,7 +52,8 @@ def emulated_worker(spec) -> tuple[EmulatedCompute, Emulation]:
     from asap.workers.costs import runtime_cost_table
     rt = spec.runtime
     sync = spec.role == "rank"
-    table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async")
+    tp = rt.replica_tps[spec.index] if spec.role == "attention" else None     # a fleet's wide replica: its TP
+    table = runtime_cost_table(spec.model_cfg, rt, "sync" if sync else "async", tp)
     compute = EmulatedCompute(spec.model_cfg, table, rt.emulated_hidden, rt.dilation, seed=spec.rank,
                               device=spec.device, clock=_shared_clock(spec))
     if sync:
