@@ -67,7 +67,8 @@ def worker_processes(c, devices: int) -> int:
 
 def emulatable(c, devices: int) -> bool:
     """What the demo can emulate faithfully on a small machine: one instance (attention TP is emulated, one
-    process per group), not a length-aware fleet (simulator only), and at most one worker process per device.
+    process per group), not a length-aware fleet (sync's is two engines behind a proxy; async's is co-located,
+    which the runtime runs, but at two processes per device), and at most one worker process per device.
     Two cores keep up with the demo's dilation for 24 processes; the co-located layout starts two per device,
     and on 24 dies (48 processes) its emulated attainment fell to 0.19 where the simulator gives 1.00."""
     return c.instances == 1 and not c.wide_replicas and worker_processes(c, devices) <= devices

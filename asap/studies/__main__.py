@@ -117,6 +117,8 @@ def add_commands(sub, extra=()) -> None:
     t.add_argument("--out", default="out/sim_trace.json", help="the trace file to write")
     from asap.studies.explain import add_parser as add_explain     # sets its own run
     add_explain(sub)
+    from asap.studies.bound import add_parser as add_bound         # sets its own run
+    add_bound(sub)
     for add in extra:
         add(sub)
 

@@ -1,4 +1,4 @@
-"""`asap sim {headline,calibrate,speed,trace,validate}` and `asap profile`.
+"""`asap sim {headline,explain,bound,calibrate,speed,trace,validate}` and `asap profile`.
 
 The sim sub-commands are asap/studies/__main__.py's (`python -m asap.studies`); validate comes from the bench layer
 above, passed in by asap/cli.py."""
@@ -9,7 +9,7 @@ import argparse
 
 def register(sub, extra=()):
     from asap.studies.__main__ import add_commands, run_command
-    p = sub.add_parser("sim", help="the discrete-event simulator: headline, calibrate, speed, trace, validate",
+    p = sub.add_parser("sim", help="the discrete-event simulator: headline, explain, bound, calibrate, speed, trace, validate",
                        description="The discrete-event simulator (every figure it prints is SIMULATED; validate "
                                    "also runs EMULATED and REAL). `asap sim COMMAND --help` gives each command's "
                                    "run time.")
