@@ -106,7 +106,7 @@ def add_parser(sub) -> None:
 def parse_rates(items: list[str]) -> dict[str, float]:
     out = {}
     for item in items:
-        name, sep, value = item.partition("=")
+        name, sep, value = item.rpartition("=")      # a name may hold "=" (A=17=14.25)
         try:
             rate = float(value)
         except ValueError:
