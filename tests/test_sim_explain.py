@@ -136,3 +136,15 @@ def test_a_rate_the_engine_cannot_sustain_is_flagged_by_its_last_third():
     assert light["by_arrival_third"] == [1.0, 1.0, 1.0] and "not sustained" not in format_explain(light)
     first, _, last = over["by_arrival_third"]
     assert first > last + 0.5 and "not sustained" in format_explain(over)
+
+
+def test_the_rate_is_set_against_the_work_ceiling():
+    """explain prints the rate as a share of `asap sim bound`'s ceiling; above it, it says no engine sustains
+    it. Every run's throughput is under the ceiling: the busiest rate here finishes later than its arrivals."""
+    reqs = SLO(0.05, 1e-5).apply([Request(i, 500 + 1500 * (i % 5), 0.004 * i) for i in range(300)])
+    light = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=150.0, **SMALL)
+    assert light["rate"] < light["ceiling"] and "ABOVE" not in format_explain(light)
+    over = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=2 * light["ceiling"], **SMALL)
+    assert over["ceiling"] == light["ceiling"]              # the same requests, the same ceiling
+    text = format_explain(over)
+    assert "work ceiling" in text and "ABOVE: no engine sustains it" in text

@@ -34,6 +34,7 @@ from asap.scheduler.expert_select import SELECTORS
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.sim.events import Arrival
+from asap.studies.bound import work_bound
 from asap.studies.experiments import at_rate
 from asap.sim.hardware import get_hardware
 from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances, sync_fleet_parts
@@ -132,8 +133,9 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
         raise ValueError(f"window {window} is empty")
     one = dataclasses.replace(config, instances=1)        # the instance explained
     spec = one.spec(model, hardware, per, prompt_len=prompt_len, trace_window=(lo, hi))
+    ceiling = work_bound(requests, devices, CostModel(cfg, hw))["ceiling"][devices]
     head = {"label": LABEL, "engine": config.engine, "devices": devices, "instances": instances,
-            "explained_devices": per, "rate": rate, "num_requests": len(reqs)}
+            "explained_devices": per, "rate": rate, "num_requests": len(reqs), "ceiling": ceiling}
     if config.engine == "sync" and config.wide_replicas:
         parts = [_explain_engine(mine, part, lo, hi, cfg) | {"deployment": name, "describe": _deployment(part)}
                  for name, mine, part in sync_fleet_parts(reqs, spec) if mine]
@@ -259,6 +261,11 @@ def format_explain(x: dict) -> str:
              + (" (falling: the queue grows over the run, so this rate is not sustained; try more requests)"
                 if None not in x["by_arrival_third"] and x["by_arrival_third"][2] < x["by_arrival_third"][0] - 0.1
                 else "")]
+    if "ceiling" in x:
+        lines.append(f"[{LABEL}]   work ceiling (`asap sim bound`): {x['ceiling']:.4g} req/s on {x['devices']} devices; "
+                     f"this rate is {x['rate'] / x['ceiling']:.0%} of it"
+                     + (" (ABOVE: no engine sustains it; some group's queue grows until the run ends, even where "
+                        "the arrival thirds agree)" if x["rate"] > x["ceiling"] else ""))
     if "deployments" not in x:
         return "\n".join(lines + _breakdown(x, x["wall_s"]))
     for d in x["deployments"]:
