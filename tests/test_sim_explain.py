@@ -148,3 +148,14 @@ def test_the_rate_is_set_against_the_work_ceiling():
     assert over["ceiling"] == light["ceiling"]              # the same requests, the same ceiling
     text = format_explain(over)
     assert "work ceiling" in text and "ABOVE: no engine sustains it" in text
+
+
+def test_a_backlog_left_when_arrivals_stop_is_flagged_by_the_drain():
+    """Past capacity the run goes on long after its last arrival (longer than any TTFT budget): flagged.
+    Under capacity what arrives last finishes within about its budget."""
+    reqs = SLO(0.05, 1e-5).apply([Request(i, 500 + 1500 * (i % 5), 0.004 * i) for i in range(300)])
+    light = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=150.0, **SMALL)
+    over = explain(reqs, EngineConfig("sync", 1, 4096), 8, rate=3000.0, **SMALL)
+    assert light["drain_s"] <= light["max_budget_s"] and "not sustained" not in format_explain(light)
+    assert over["drain_s"] > over["max_budget_s"]
+    assert "still queued when arrivals stopped" in format_explain(over)

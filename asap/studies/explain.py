@@ -143,13 +143,26 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
         end = max(p.pop("end") for p in parts)
         return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)),
                        "wall_s": min(hi, end) - lo, "summary": summarize(results), "buckets": by_length(results),
-                       "by_arrival_third": by_arrival_third(results), "deployments": parts}
+                       "by_arrival_third": by_arrival_third(results), "deployments": parts} | drain(results)
     x = _explain_engine(reqs, spec, lo, hi, cfg)
+    x |= drain(x["results"])
     x["by_arrival_third"] = by_arrival_third(x.pop("results"))
     end = x.pop("end")
     if config.engine == "async" and config.attention_workers is None and not config.colocated:
         config = dataclasses.replace(config, attention_workers=x["attention_workers"])   # the balanced split
     return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)), "wall_s": min(hi, end) - lo} | x
+
+
+def drain(results) -> dict:
+    """How long the run went on after its last arrival ("drain_s"), against the longest TTFT budget of its
+    requests ("max_budget_s"). At a rate the engine sustains, what arrives last finishes within about its
+    budget. A drain longer than every budget means work was still queued when arrivals stopped: the queue of
+    some group grew over the run, even where the group is too small to move the arrival thirds."""
+    done = [r.arrival + r.ttft for r in results if r.ok]
+    budgets = [r.deadline_s for r in results if r.deadline_s is not None]
+    if not done or not budgets:
+        return {"drain_s": None, "max_budget_s": None}
+    return {"drain_s": max(0.0, max(done) - max(r.arrival for r in results)), "max_budget_s": max(budgets)}
 
 
 def by_arrival_third(results) -> list[float | None]:
@@ -261,6 +274,11 @@ def format_explain(x: dict) -> str:
              + (" (falling: the queue grows over the run, so this rate is not sustained; try more requests)"
                 if None not in x["by_arrival_third"] and x["by_arrival_third"][2] < x["by_arrival_third"][0] - 0.1
                 else "")]
+    if x.get("drain_s") is not None:
+        lines.append(f"[{LABEL}]   after the last arrival the run took {x['drain_s']:.3g} s more (the longest TTFT "
+                     f"budget: {x['max_budget_s']:.3g} s)"
+                     + (": longer than any budget, so work was still queued when arrivals stopped; this rate "
+                        "is not sustained" if x["drain_s"] > x["max_budget_s"] else ""))
     if "ceiling" in x:
         lines.append(f"[{LABEL}]   work ceiling (`asap sim bound`): {x['ceiling']:.4g} req/s on {x['devices']} devices; "
                      f"this rate is {x['rate'] / x['ceiling']:.0%} of it"
