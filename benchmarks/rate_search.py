@@ -18,6 +18,9 @@ import json
 import sys
 import time
 
+from asap.cost.model import CostModel
+from asap.sim.run import get_hardware, get_model
+from asap.studies.bound import work_bound
 from asap.studies.headline import buckets_at, rate_at
 from asap.studies.tune import CRITERIA, EngineConfig
 from asap.workload.presets import workload_requests
@@ -54,6 +57,9 @@ def main(argv=None) -> int:
     reqs = slo.apply(workload_requests(args.workload, args.num_requests))
     longer = slo.apply(workload_requests(args.workload, args.num_requests * args.sustain)) if args.sustain else None
     criteria = list(CRITERIA) if args.criterion == "both" else [args.criterion]
+    ceiling = work_bound(reqs, args.devices, CostModel(get_model("deepseek-v3"),
+                                                       get_hardware("cloudmatrix384")))["ceiling"][args.devices]
+    print(f"[SIMULATED] work ceiling of these requests on {args.devices} dies (`asap sim bound`): {ceiling:.4g} req/s")
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for kw in configs:
         c, cache = EngineConfig(**kw), {}
@@ -62,7 +68,9 @@ def main(argv=None) -> int:
             r = rate_at(reqs, c, args.devices, "deepseek-v3", "cloudmatrix384", lo=args.lo, tol=args.tol,
                         criterion=crit, cache=cache)
             rate = r.get("max_slo_rate") if r.get("valid") else None
-            shown = f"{rate:.2f} req/s" if rate is not None else f"no valid search ({r.get('reason')})"
+            shown = f"{rate:.2f} req/s ({rate / ceiling:.0%} of the ceiling" \
+                    f"{'; ABOVE it: not sustainable' if rate > ceiling else ''})" if rate is not None \
+                else f"no valid search ({r.get('reason')})"
             print(f"[SIMULATED] {args.workload}, {args.devices} dies, {crit}: {c.describe(args.devices)}: {shown} "
                   f"({time.time() - t:.0f} s)", flush=True)
             if rate is not None and longer is not None:
