@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--lo", type=float, default=10.0, help="the rate search's first rate (req/s)")
     p.add_argument("--slo", default="2s+1ms/tok")
     p.add_argument("--tol", type=float, default=0.02, help="the rate search's relative tolerance")
-    p.add_argument("--criterion", default="requests", choices=[*CRITERIA, "both"],
+    p.add_argument("--criterion", default="requests", choices=[*CRITERIA, "both", "both-sustained"],
                    help=">= 90%% of all requests within SLO, or >= 90%% in every prompt-length bucket, or both "
                         "(sharing the simulations; default requests)")
     p.add_argument("--sustain", type=int, default=0, metavar="K",
@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     slo = parse_slo(args.slo)
     reqs = slo.apply(workload_requests(args.workload, args.num_requests))
     longer = slo.apply(workload_requests(args.workload, args.num_requests * args.sustain)) if args.sustain else None
-    criteria = list(CRITERIA) if args.criterion == "both" else [args.criterion]
+    criteria = {"both": ["requests", "every-bucket"], "both-sustained": ["requests-sustained", "every-bucket-sustained"]
+                }.get(args.criterion, [args.criterion])
     ceiling = work_bound(reqs, args.devices, CostModel(get_model("deepseek-v3"),
                                                        get_hardware("cloudmatrix384")))["ceiling"][args.devices]
     print(f"[SIMULATED] work ceiling of these requests on {args.devices} dies (`asap sim bound`): {ceiling:.4g} req/s")

@@ -87,6 +87,10 @@ def add_commands(sub, extra=()) -> None:
                    help="the wide group's shares of an instance that both engines' length-aware fleets try "
                         "(default 0.5; e.g. 0.25 0.5 0.625 0.75: a sync deployment too small for the weights "
                         "is left out)")
+    h.add_argument("--sustained", action="store_true",
+                   help="a rate passes only if the run also drains within its longest TTFT budget after its last "
+                        "arrival, so no rate passes on a queue that grows until the run ends (off by default, "
+                        "which keeps the stored results' rule)")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     parallel.add_arguments(h)
@@ -137,7 +141,7 @@ def run_command(a) -> int:
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
                              a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
-                             fleet_fractions=tuple(a.fleet_fractions))
+                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

@@ -29,6 +29,7 @@ import numpy as np
 
 from asap.measure.buckets import by_length
 from asap.measure.metrics import summarize
+from asap.measure.sustain import drain
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.expert_select import SELECTORS
 from asap.scheduler.request import Request
@@ -151,18 +152,6 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     if config.engine == "async" and config.attention_workers is None and not config.colocated:
         config = dataclasses.replace(config, attention_workers=x["attention_workers"])   # the balanced split
     return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)), "wall_s": min(hi, end) - lo} | x
-
-
-def drain(results) -> dict:
-    """How long the run went on after its last arrival ("drain_s"), against the longest TTFT budget of its
-    requests ("max_budget_s"). At a rate the engine sustains, what arrives last finishes within about its
-    budget. A drain longer than every budget means work was still queued when arrivals stopped: the queue of
-    some group grew over the run, even where the group is too small to move the arrival thirds."""
-    done = [r.arrival + r.ttft for r in results if r.ok]
-    budgets = [r.deadline_s for r in results if r.deadline_s is not None]
-    if not done or not budgets:
-        return {"drain_s": None, "max_budget_s": None}
-    return {"drain_s": max(0.0, max(done) - max(r.arrival for r in results)), "max_budget_s": max(budgets)}
 
 
 def by_arrival_third(results) -> list[float | None]:

@@ -30,7 +30,7 @@ from asap.sim.memory import check_memory, min_expert_workers
 from asap.studies.parallel import Progress, Serial
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
-from asap.studies.tune import CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, space, tune
+from asap.studies.tune import CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, pass_values, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -75,13 +75,16 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
     """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps).
     criterion: asap.studies.tune.CRITERIA's; cache: {rate: summary}, shared by searches of this configuration
     on these requests (e.g. both criteria), so no rate is simulated twice."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
     cache = {} if cache is None else cache
 
     def measure(rate):
         if rate not in cache:
             res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
-            cache[rate] = summarize(res.results) | {"min_bucket_attainment": min_bucket_attainment(res.results)}
+            out = summarize(res.results)
+            cache[rate] = out | pass_values(res.results, out["slo_attainment"])
         return cache[rate]
     return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10, key=CRITERIA[criterion],
                          burst_above=burst_limit(len(requests), mean_budget))
@@ -99,18 +102,21 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  num_requests: int = NUM_REQUESTS, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None,
-                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> dict:
+                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
-    fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.tune.space)."""
+    fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.tune.space).
+    sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
+    arrival (asap.measure.sustain; tune's "-sustained" criteria), so no rate passes on a queue that grows."""
     if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
         raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
+    main, per_bucket = ("requests-sustained", "every-bucket-sustained") if sustained else ("requests", "every-bucket")
     rows = []
     for wl in workloads:
         base = workload_requests(wl, num_requests)
@@ -119,8 +125,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev_devices = None
         if resume is not None:
             if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
-                    or resume.get("prefix_cache", False) != prefix_cache:
-                raise ValueError("resume: the earlier headline has another model, hardware, SLO or prefix cache")
+                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != sustained:
+                raise ValueError("resume: the earlier headline has another model, hardware, SLO, prefix cache or "
+                                 "sustain rule (--sustained)")
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -151,13 +158,14 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 searches.append(dict(candidates=cands, start_rate=hint, refine=REFINE if prev_devices is None else 1,
-                                     prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions))
+                                     prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions,
+                                     criterion=main))
             # A row's first device count searches the whole space: its screens run side by side within each
             # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
             side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
             inner = None if side_by_side else executor
             tuned = (executor if side_by_side else Serial()).map(_tune_engine, [
-                (reqs, engine, devices, model, hardware, every_bucket, dict(kw, executor=inner))
+                (reqs, engine, devices, model, hardware, per_bucket if every_bucket else None, dict(kw, executor=inner))
                 for engine, kw in zip(("sync", "async"), searches)])
             for engine, (t, eb) in zip(("sync", "async"), tuned):
                 ranked = sorted((c for c in t.candidates if c["fine_rate"] or c["coarse_rate"]),
@@ -183,11 +191,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
-            _skeptic(row, reqs, devices, model, hardware, every_bucket, executor)
+            _skeptic(row, reqs, devices, model, hardware, every_bucket, executor, main)
             # the SLO-scale sweep at the first device count (its cost grows with N)
             first = devices == device_counts[0] and resume is None
             row["ratio_by_slo_scale"] = _scales(row, reqs, base, base_slo, slo_scales if first else (1.0,),
-                                                devices, model, hardware, executor)
+                                                devices, model, hardware, executor, main)
             row["wall_s"] = time.perf_counter() - t_row
             rows.append(row)
             if verbose:
@@ -196,10 +204,10 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
                                 prefix_cache=prefix_cache, num_requests=num_requests,
-                                fleet_fractions=fleet_fractions)
+                                fleet_fractions=fleet_fractions, sustained=sustained)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
     out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
-                   num_requests=num_requests, fleet_fractions=fleet_fractions)
+                   num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -211,24 +219,24 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
 def _tune_engine(job: tuple) -> tuple:
     """One engine's tunes of a row: by the headline's criterion, and (every_bucket) by the every-length-bucket
     one, its own search with the same space and rule, sharing simulations. An executor's task."""
-    reqs, engine, devices, model, hardware, every_bucket, kw = job
+    reqs, engine, devices, model, hardware, per_bucket, kw = job
     cache: dict = {}
     t = tune(reqs, engine, devices, model, hardware, cache=cache, **kw)
-    eb = tune(reqs, engine, devices, model, hardware, criterion="every-bucket", cache=cache, **kw) \
-        if every_bucket else None
+    eb = tune(reqs, engine, devices, model, hardware, cache=cache, **dict(kw, criterion=per_bucket)) \
+        if per_bucket else None
     return t, eb
 
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
              prefix_cache: bool = False, num_requests: int | None = None,
-             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> dict:
+             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False) -> dict:
     """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
-            "fleet_fractions": list(fleet_fractions)}
+            "fleet_fractions": list(fleet_fractions), "sustained": sustained}
 
 
 def _rate_at_task(job: tuple) -> dict:
@@ -237,7 +245,8 @@ def _rate_at_task(job: tuple) -> dict:
     return rate_at(*args, **kw)
 
 
-def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=None) -> None:
+def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=None,
+             criterion: str = "requests") -> None:
     """What a skeptic asks of a row: both engines' attainment per prompt-length bucket at the compared rate
     (the lower of the two maxima, where both claim >= 90% of requests), the ratio at other attainment
     targets (the two best configurations re-searched), and the ratio under the every-bucket criterion."""
@@ -260,7 +269,7 @@ def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=N
                 continue
             n = row[e]["num_requests"] or len(reqs)
             searches[(str(target), e)] = ((reqs[:n], cfg[e], devices, model, hardware, row[e]["max_slo_rate"]),
-                                          dict(target=target))
+                                          dict(target=target, criterion=criterion))
     for (target, e), found in zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())):
         rates[target][e] = found["max_slo_rate"] if found["valid"] else None
     row["ratio_by_target"] = {k: {"ratio": v["async"] / v["sync"] if v["sync"] and v["async"] else None, **v}
@@ -270,7 +279,8 @@ def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=N
         row["ratio_every_bucket"] = ae / se if se and ae else None
 
 
-def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware, executor=None) -> dict:
+def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware, executor=None,
+            criterion: str = "requests") -> dict:
     searches = {}       # independent: run side by side where an executor allows
     for k in slo_scales:
         if k == 1.0:
@@ -283,7 +293,8 @@ def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware, exe
                 continue
             scaled = base_slo.scaled(k).apply(base[:n])
             lo = (row[engine]["max_slo_rate"] or 0.1) * k
-            searches[(k, engine)] = ((scaled, EngineConfig(**cfg), devices, model, hardware, lo), {})
+            searches[(k, engine)] = ((scaled, EngineConfig(**cfg), devices, model, hardware, lo),
+                                     dict(criterion=criterion))
     found = dict(zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())))
     out = {}
     for k in slo_scales:

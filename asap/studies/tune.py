@@ -27,7 +27,9 @@ A candidate's answer counts only if its search is valid (asap.measure.rate_searc
 Each candidate simulates the first n requests, n sized so the arrivals at its closed-batch capacity still
 span 10x the mean SLO budget (fewer requests where the burst rule allows); a search that hits the burst
 limit is rerun with 2n. `criterion="every-bucket"` makes the pass rule ">= target in every prompt-length
-bucket" (asap.measure.buckets) instead of ">= target of all requests".
+bucket" (asap.measure.buckets) instead of ">= target of all requests"; the "-sustained" variants of both also
+require the run to drain within its longest TTFT budget after its last arrival (asap.measure.sustain), so a
+rate at which some group's queue grows until the run ends does not pass.
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from asap.measure.buckets import by_length, min_bucket_attainment
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
+from asap.measure.sustain import sustained
 from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
 from asap.pipeline.plan import token_weighted_length
@@ -55,7 +58,16 @@ FINALISTS = 3               # screened candidates that get a rate search (REFINE
 SCREEN_KEEP = 4             # primary candidates whose secondary variants are screened; and the pool a raise stops at
 SCREEN_STEP, SCREEN_ROUNDS = 1.5, 4     # the screen's rate raises (and steps back)
 SCREEN_MAX_RAISE = SCREEN_STEP ** 2     # n is sized for two raises; the burst limit caps the rest
-CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment"}
+CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment",
+            "requests-sustained": "sustained_attainment", "every-bucket-sustained": "sustained_min_bucket_attainment"}
+
+
+def pass_values(results, slo_attainment: float | None) -> dict:
+    """The values the criteria compare with the target, but slo_attainment (summarize's, passed in): the worst
+    length bucket's attainment, and both again, zeroed where the run did not drain in time."""
+    worst, drained = min_bucket_attainment(results), sustained(results)
+    return {"min_bucket_attainment": worst, "sustained_attainment": slo_attainment if drained else 0.0,
+            "sustained_min_bucket_attainment": worst if drained else 0.0}
 TARGET = 0.9
 
 
@@ -316,7 +328,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
     criterion: "requests" (>= target of all requests within SLO) or "every-bucket" (>= target in every
-    prompt-length bucket, asap.measure.buckets).
+    prompt-length bucket, asap.measure.buckets), or either with "-sustained" (and drained in time).
     screen: screen the candidates before the rate searches (default: when there are more than FINALISTS).
     cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated.
     executor (asap.studies.parallel): runs the screen's simulations and the fine searches side by side; the
@@ -467,7 +479,7 @@ def _simulate(task: tuple) -> dict:
     res = run(at_rate(reqs, rate), c.spec(model, hardware, devices, zipf=zipf))
     out = summarize(res.results)
     out["buckets"] = by_length(res.results)
-    out["min_bucket_attainment"] = min_bucket_attainment(res.results)
+    out |= pass_values(res.results, out["slo_attainment"])
     if "prefix_cache" in res.stats:
         out["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
     if progress is not None:

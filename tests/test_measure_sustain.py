@@ -1,0 +1,63 @@
+"""The sustain rule (asap.measure.sustain) and the "-sustained" criteria of the tuner: a run passes only if it
+drains within its longest TTFT budget after its last arrival, so a queue that grows until the run ends (even
+one confined to a few long prompts, which the 90%-of-requests count lets miss) does not pass."""
+import pytest
+
+from asap.measure.metrics import RequestResult
+from asap.measure.sustain import drain, sustained
+from asap.scheduler.request import Request
+from asap.studies.headline import rate_at
+from asap.studies.tune import CRITERIA, EngineConfig, pass_values
+from asap.workload.slo import SLO
+
+
+def _run(late_by: float):
+    """100 requests a second apart, budget 2 s, each served in 1 s; the long one (the 50th) is served
+    `late_by` seconds after the last arrival."""
+    out = [RequestResult(i, float(i), 100, 1.0, deadline_s=2.0) for i in range(100) if i != 50]
+    out.append(RequestResult(50, 50.0, 90000, 99.0 - 50.0 + late_by, deadline_s=92.0))
+    return out
+
+
+def test_the_drain_is_measured_after_the_last_arrival_against_the_longest_budget():
+    d = drain(_run(late_by=10.0))
+    assert d == {"drain_s": pytest.approx(10.0), "max_budget_s": 92.0}
+    assert sustained(_run(late_by=10.0)) and not sustained(_run(late_by=500.0))
+    assert drain([RequestResult(0, 0.0, 10, None, error="x", deadline_s=1.0)]) == {"drain_s": None, "max_budget_s": None}
+    assert not sustained([])
+
+
+def test_the_sustained_criteria_zero_a_run_that_did_not_drain():
+    ok, late = _run(10.0), _run(500.0)
+    assert pass_values(ok, 0.99) == {"min_bucket_attainment": 1.0, "sustained_attainment": 0.99,
+                                     "sustained_min_bucket_attainment": 1.0}
+    # late: the long prompt missed (its bucket 0%), 99% of requests met, and the run did not drain in time
+    assert pass_values(late, 0.99) == {"min_bucket_attainment": 0.0, "sustained_attainment": 0.0,
+                                       "sustained_min_bucket_attainment": 0.0}
+    assert set(CRITERIA) == {"requests", "every-bucket", "requests-sustained", "every-bucket-sustained"}
+
+
+def test_rate_searches_take_the_sustained_criteria():
+    """rate_at (the headline's searches) measures the sustained values at every rate; where every run drains
+    in time the two criteria find the same maximum."""
+    reqs = SLO(0.05, 1e-5).apply([Request(i, 500 + 1500 * (i % 5), 0.004 * i) for i in range(300)])
+    c, cache = EngineConfig("sync", 1, 4096), {}
+    plain = rate_at(reqs, c, 8, "small-deepseek-v3", "h800", lo=50.0, tol=0.1, cache=cache)
+    strict = rate_at(reqs, c, 8, "small-deepseek-v3", "h800", lo=50.0, tol=0.1, criterion="requests-sustained",
+                     cache=cache)
+    assert all("sustained_attainment" in m for m in cache.values())
+    assert all(m["sustained_attainment"] == m["slo_attainment"] for m in cache.values())     # all drained
+    assert strict["max_slo_rate"] == plain["max_slo_rate"]
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        rate_at(reqs, c, 8, "small-deepseek-v3", "h800", lo=50.0, criterion="sustained")
+
+
+def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_path):
+    from asap.studies.headline import DEFAULT_SLO, run_headline
+    from asap.workload.slo import parse_slo
+    earlier = {"slo": str(parse_slo(DEFAULT_SLO)), "model": "deepseek-v3", "hardware": "cloudmatrix384",
+               "rows": [], "sustained": False}
+    with pytest.raises(ValueError, match="sustain rule"):
+        run_headline((8,), ("fixed-4k",), resume=earlier, sustained=True, out_dir=None, verbose=False)
+    with pytest.raises(ValueError, match="no row for workload"):     # the same rule gets past that check
+        run_headline((8,), ("fixed-4k",), resume=earlier, sustained=False, out_dir=None, verbose=False)
