@@ -134,7 +134,7 @@ class RuntimeConfig:
     def _check_colocated(self):
         devices = sum(self.replica_tps)
         if self.expert_workers != devices:
-            fleet = f" + wide_replicas x wide_tp" if self.wide_replicas else ""
+            fleet = " + wide_replicas x wide_tp" if self.wide_replicas else ""
             raise ValueError(f"colocated: every device hosts one expert shard, so expert_workers must equal "
                              f"attention_workers x attention_tp{fleet} = {devices} (the devices), got "
                              f"{self.expert_workers}")
