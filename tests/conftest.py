@@ -34,3 +34,20 @@ def roomy(tmp_path_factory):
     path = tmp_path_factory.mktemp("hw") / "roomy.json"
     dataclasses.replace(get_hardware("cloudmatrix384"), name="roomy", memory_bytes=1e13).save(path)
     return str(path)
+
+
+@pytest.fixture
+def same_as_reference():
+    """check(prompts, outs, expect): each engine output equals the reference engine's (first token, logits
+    within 1e-4, every KV tensor of the prompt's length within 1e-5)."""
+    import torch
+
+    def check(prompts, outs, expect):
+        for p, out, r in zip(prompts, outs, expect, strict=True):
+            assert out.first_token == r.first_token
+            assert (out.logits - r.logits).abs().max().item() < 1e-4
+            for a, b in zip(out.kv, r.kv):
+                for name in b:
+                    assert a[name].shape == (len(p), *b[name].shape[1:])
+                    assert torch.allclose(a[name], b[name], atol=1e-5)
+    return check

@@ -3,7 +3,6 @@ replica and an expert shard, joined by the async exchange. Real compute equals t
 a lone prompt takes the simulator's co-located time, expert work stretching the attention on its device; bad
 layouts are refused with a clear error."""
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from asap.workers.layout import build_layout
 
 
 @pytest.mark.timeout(120)
-def test_colocated_async_equals_reference():
+def test_colocated_async_equals_reference(same_as_reference):
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (1, 1500, 37, 700, 2)]
     with asap.LLM("tiny-deepseek-v3", engine="reference") as ref:
@@ -26,13 +25,7 @@ def test_colocated_async_equals_reference():
                   token_budget=500) as llm:
         outs = [f.result(timeout=60) for f in [llm.submit(p) for p in prompts]]      # all in flight at once
         assert llm.healthy()
-    for p, out, r in zip(prompts, outs, expect):
-        assert out.first_token == r.first_token
-        assert (out.logits - r.logits).abs().max().item() < 1e-4
-        for a, b in zip(out.kv, r.kv):
-            for name in b:
-                assert a[name].shape == (len(p), *b[name].shape[1:])
-                assert torch.allclose(a[name], b[name], atol=1e-5)
+    same_as_reference(prompts, outs, expect)
 
 
 def test_each_expert_worker_runs_on_its_replicas_device():
