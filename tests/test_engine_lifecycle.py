@@ -29,7 +29,7 @@ def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:                          # gone, or reaped between open() and read() (ESRCH)
         return False
 
 

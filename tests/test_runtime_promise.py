@@ -83,7 +83,7 @@ def _cpu_seconds(pids) -> float:
     for pid in pids:
         try:
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
+        except OSError:                      # gone, or reaped between open() and read() (ESRCH)
             continue
         total += int(fields[11]) + int(fields[12])          # utime + stime, in clock ticks
     return total / os.sysconf("SC_CLK_TCK")
