@@ -1,10 +1,13 @@
 """The sustain rule (asap.measure.sustain) and the "-sustained" criteria of the tuner: a run passes only if it
 drains within its longest TTFT budget after its last arrival, so a queue that grows until the run ends (even
-one confined to a few long prompts, which the 90%-of-requests count lets miss) does not pass."""
+one confined to a few long prompts, which the 90%-of-requests count lets miss) does not pass; and only if the
+target holds in each third of the run by arrival, so a queue every request shares, growing slowly while the
+longest budget hides the drain, does not pass either."""
 import pytest
 
+from asap.measure.buckets import min_bucket_attainment
 from asap.measure.metrics import RequestResult
-from asap.measure.sustain import drain, sustained
+from asap.measure.sustain import RULE, by_arrival_third, drain, sustained, sustained_value
 from asap.scheduler.request import Request
 from asap.studies.headline import rate_at
 from asap.studies.tune import CRITERIA, EngineConfig, pass_values
@@ -37,6 +40,28 @@ def test_the_sustained_criteria_zero_a_run_that_did_not_drain():
     assert set(CRITERIA) == {"requests", "every-bucket", "requests-sustained", "every-bucket-sustained"}
 
 
+def _growing(n: int = 300):
+    """n requests a second apart, budgets 2 s, the longest (one 60K prompt, the first) 62 s; from two thirds
+    of the way TTFT grows with the arrival (a queue every request shares) past 2 s at 93%, so the last third
+    misses a fifth while 93% meet overall and the run drains in 2.3 s."""
+    out = [RequestResult(0, 0.0, 60000, 1.0, deadline_s=62.0)]
+    out += [RequestResult(i, float(i), 100, 1.0 + 3.8 * max(0.0, i / n - 2 / 3), deadline_s=2.0)
+            for i in range(1, n)]
+    return out
+
+
+def test_a_queue_every_request_shares_fails_on_its_last_third_though_it_drains_in_time():
+    rs = _growing()
+    first, middle, last = by_arrival_third(rs)
+    assert first == middle == 1.0 and last < 0.9
+    overall = sum(r.ttft <= r.deadline_s for r in rs) / len(rs)
+    assert overall >= 0.9 and sustained(rs)           # what the drain alone would pass
+    assert sustained_value(rs, overall) == last < 0.9
+    assert pass_values(rs, overall)["sustained_attainment"] == last
+    assert pass_values(rs, overall)["sustained_min_bucket_attainment"] == min(last, min_bucket_attainment(rs)) == last
+    assert sustained_value(rs, None) == 0.0
+
+
 def test_rate_searches_take_the_sustained_criteria():
     """rate_at (the headline's searches) measures the sustained values at every rate; where every run drains
     in time the two criteria find the same maximum."""
@@ -59,5 +84,11 @@ def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_pa
                "rows": [], "sustained": False}
     with pytest.raises(ValueError, match="sustain rule"):
         run_headline((8,), ("fixed-4k",), resume=earlier, sustained=True, out_dir=None, verbose=False)
+    drain_only = dict(earlier, sustained=True)        # recorded before the thirds joined the rule
+    with pytest.raises(ValueError, match="sustain rule"):
+        run_headline((8,), ("fixed-4k",), resume=drain_only, sustained=True, out_dir=None, verbose=False)
+    with pytest.raises(ValueError, match="no row for workload"):
+        run_headline((8,), ("fixed-4k",), resume=dict(earlier, sustained=RULE), sustained=True, out_dir=None,
+                     verbose=False)
     with pytest.raises(ValueError, match="no row for workload"):     # the same rule gets past that check
         run_headline((8,), ("fixed-4k",), resume=earlier, sustained=False, out_dir=None, verbose=False)

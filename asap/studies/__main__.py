@@ -89,8 +89,8 @@ def add_commands(sub, extra=()) -> None:
                         "is left out)")
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
-                        "arrival, so no rate passes on a queue that grows until the run ends (off by default, "
-                        "which keeps the stored results' rule)")
+                        "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
+                        "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     parallel.add_arguments(h)

@@ -14,7 +14,7 @@ can beat it while it serves every request, as both simulated engines do (a misse
 not dropped).
 
 What it is for: a rate above the ceiling cannot be sustained. If a search certifies one, its run was too
-short and the queue was still growing when it ended (asap.studies.explain.by_arrival_third shows it). And
+short and the queue was still growing when it ended (asap.measure.sustain.by_arrival_third shows it). And
 a goal such as "1.9x the baseline" is out of reach for any design where 1.9 x the baseline's rate is above
 the ceiling. The per-bucket table shows where the work is: long prompts are few but, attention being
 quadratic, carry most of it.

@@ -29,7 +29,7 @@ import numpy as np
 
 from asap.measure.buckets import by_length
 from asap.measure.metrics import summarize
-from asap.measure.sustain import drain
+from asap.measure.sustain import by_arrival_third, drain
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.expert_select import SELECTORS
 from asap.scheduler.request import Request
@@ -152,16 +152,6 @@ def explain(requests: list[Request], config: EngineConfig, devices: int, rate: f
     if config.engine == "async" and config.attention_workers is None and not config.colocated:
         config = dataclasses.replace(config, attention_workers=x["attention_workers"])   # the balanced split
     return head | {"describe": config.describe(devices), "window": (lo, min(hi, end)), "wall_s": min(hi, end) - lo} | x
-
-
-def by_arrival_third(results) -> list[float | None]:
-    """SLO attainment of the first, middle and last third of the requests by arrival. At a rate the engine
-    sustains the three agree; where the last is far below the first, the queue grew over the run, and the
-    run's overall attainment holds only for a run that short."""
-    rs = sorted(results, key=lambda r: r.arrival)
-    n = len(rs)
-    return [summarize(part)["slo_attainment"] if part else None
-            for part in (rs[:n // 3], rs[n // 3:2 * n // 3], rs[2 * n // 3:])]
 
 
 def _deployment(spec) -> str:

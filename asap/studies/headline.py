@@ -23,6 +23,7 @@ from pathlib import Path
 from asap.measure.buckets import by_length, format_buckets, min_bucket_attainment
 from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
+from asap.measure.sustain import RULE as SUSTAIN_RULE
 from asap.cost.hardware import get_hardware
 from asap.studies.code_version import fingerprint
 from asap.studies.experiments import at_rate
@@ -111,7 +112,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
     fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.tune.space).
     sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
-    arrival (asap.measure.sustain; tune's "-sustained" criteria), so no rate passes on a queue that grows."""
+    arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
+    criteria), so no rate passes on a queue that grows."""
     if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
         raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
     t_start, t_wall = time.perf_counter(), time.time()
@@ -125,7 +127,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev_devices = None
         if resume is not None:
             if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
-                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != sustained:
+                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != (SUSTAIN_RULE if sustained else False):
                 raise ValueError("resume: the earlier headline has another model, hardware, SLO, prefix cache or "
                                  "sustain rule (--sustained)")
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
@@ -236,7 +238,7 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
-            "fleet_fractions": list(fleet_fractions), "sustained": sustained}
+            "fleet_fractions": list(fleet_fractions), "sustained": SUSTAIN_RULE if sustained else False}
 
 
 def _rate_at_task(job: tuple) -> dict:
