@@ -36,6 +36,9 @@ def main(argv=None) -> int:
     p.add_argument("--workload", default="fixed-4k",
                    help="a name of asap.workload.presets, or a Mooncake .jsonl / Azure .csv trace (default fixed-4k)")
     p.add_argument("--devices", type=int, default=32)
+    p.add_argument("--hardware", default="cloudmatrix384",
+                   help="a built-in hardware profile or a profile JSON (asap.cost.hardware), e.g. a scaled copy "
+                        "for a sensitivity check (default cloudmatrix384)")
     p.add_argument("--num-requests", type=int, default=2500)
     p.add_argument("--lo", type=float, default=10.0, help="the rate search's first rate (req/s)")
     p.add_argument("--slo", default="2s+1ms/tok")
@@ -59,14 +62,15 @@ def main(argv=None) -> int:
     criteria = {"both": ["requests", "every-bucket"], "both-sustained": ["requests-sustained", "every-bucket-sustained"]
                 }.get(args.criterion, [args.criterion])
     ceiling = work_bound(reqs, args.devices, CostModel(get_model("deepseek-v3"),
-                                                       get_hardware("cloudmatrix384")))["ceiling"][args.devices]
-    print(f"[SIMULATED] work ceiling of these requests on {args.devices} dies (`asap sim bound`): {ceiling:.4g} req/s")
+                                                       get_hardware(args.hardware)))["ceiling"][args.devices]
+    print(f"[SIMULATED] hardware {args.hardware}; work ceiling of these requests on {args.devices} dies "
+          f"(`asap sim bound`): {ceiling:.4g} req/s")
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for kw in configs:
         c, cache = EngineConfig(**kw), {}
         for crit in criteria:
             t = time.time()
-            r = rate_at(reqs, c, args.devices, "deepseek-v3", "cloudmatrix384", lo=args.lo, tol=args.tol,
+            r = rate_at(reqs, c, args.devices, "deepseek-v3", args.hardware, lo=args.lo, tol=args.tol,
                         criterion=crit, cache=cache)
             rate = r.get("max_slo_rate") if r.get("valid") else None
             shown = f"{rate:.2f} req/s ({rate / ceiling:.0%} of the ceiling" \
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
             print(f"[SIMULATED] {args.workload}, {args.devices} dies, {crit}: {c.describe(args.devices)}: {shown} "
                   f"({time.time() - t:.0f} s)", flush=True)
             if rate is not None and longer is not None:
-                b = buckets_at(longer, c, args.devices, "deepseek-v3", "cloudmatrix384", rate)
+                b = buckets_at(longer, c, args.devices, "deepseek-v3", args.hardware, rate)
                 print(f"[SIMULATED]   sustained? at {rate:.2f} req/s on {len(longer)} requests: {b['overall']:.1%} within "
                       f"SLO, worst length bucket {b['min_bucket']:.1%}", flush=True)
             if rate is not None and rate > best.get((c.engine, crit), (0.0, ""))[0]:
