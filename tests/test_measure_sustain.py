@@ -78,7 +78,7 @@ def test_rate_searches_take_the_sustained_criteria():
 
 
 def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_path):
-    from asap.studies.headline import DEFAULT_SLO, run_headline
+    from asap.studies.headline import DEFAULT_SLO, SUSTAINED, run_headline
     from asap.workload.slo import parse_slo
     earlier = {"slo": str(parse_slo(DEFAULT_SLO)), "model": "deepseek-v3", "hardware": "cloudmatrix384",
                "rows": [], "sustained": False}
@@ -87,8 +87,11 @@ def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_pa
     drain_only = dict(earlier, sustained=True)        # recorded before the thirds joined the rule
     with pytest.raises(ValueError, match="sustain rule"):
         run_headline((8,), ("fixed-4k",), resume=drain_only, sustained=True, out_dir=None, verbose=False)
+    thirds = dict(earlier, sustained=RULE)            # recorded before tune confirmed maxima on longer samples
+    with pytest.raises(ValueError, match="sustain rule"):
+        run_headline((8,), ("fixed-4k",), resume=thirds, sustained=True, out_dir=None, verbose=False)
     with pytest.raises(ValueError, match="no row for workload"):
-        run_headline((8,), ("fixed-4k",), resume=dict(earlier, sustained=RULE), sustained=True, out_dir=None,
+        run_headline((8,), ("fixed-4k",), resume=dict(earlier, sustained=SUSTAINED), sustained=True, out_dir=None,
                      verbose=False)
     with pytest.raises(ValueError, match="no row for workload"):     # the same rule gets past that check
         run_headline((8,), ("fixed-4k",), resume=earlier, sustained=False, out_dir=None, verbose=False)

@@ -180,3 +180,41 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
     screened = {tuple(sorted(c["config"].items())): c for c in t.candidates}
     assert max(c["num_requests"] for c in screened.values()) > 62      # the tied ones went on with more requests
     assert t.best == cands[-1]
+
+
+def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_one(monkeypatch):
+    """Under a "-sustained" criterion a queue that grows slower than the search's sample passes every third
+    of it. Given the workload continued (`longer`), tune re-simulates each refined maximum on twice the
+    requests: TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4 (2.6 on both) is
+    the best, reported with the longer sample's size. The default criterion ignores `longer` (the same result)."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(202)])
+    short, longer = reqs[:101], reqs
+    served = {1: (3.0, 2.0), 4: (2.6, 2.6)}        # (max on <= 101 requests, max on more), req/s
+
+    def fake_run(requests, spec):
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[spec.attention_tp][len(requests) > 101] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
+    plain = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests-sustained", **SMALL)
+    assert plain.best == cands[0] and 2.85 <= plain.max_slo_rate <= 3.0 and plain.search_rate is None
+    t = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests-sustained", longer=longer, **SMALL)
+    rows = {c["config"]["attention_tp"]: c for c in t.candidates}
+    assert t.best == cands[1] and 2.47 <= t.max_slo_rate <= 2.6
+    assert t.num_requests == rows[4]["sustained_num_requests"] == 2 * rows[4]["num_requests"]
+    assert t.search_rate == t.max_slo_rate          # TP4's maximum held on the longer sample
+    assert 1.9 <= rows[1]["sustained_rate"] <= 2.0 and rows[1]["fine_rate"] >= 2.85
+    same = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests", longer=longer, **SMALL)
+    assert same == tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests", **SMALL)
+    served.update({1: (3.0, 0.0), 4: (2.6, 0.0)})   # nothing holds on the longer sample: no best, and why
+    none = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests-sustained", longer=longer,
+                **SMALL)
+    assert none.best is None and "no refined maximum is sustained on" in none.reason
+    with pytest.raises(ValueError, match="continue"):
+        tune(short, "sync", 8, candidates=cands, criterion="requests-sustained", longer=short[:50], **SMALL)

@@ -30,7 +30,10 @@ limit is rerun with 2n. `criterion="every-bucket"` makes the pass rule ">= targe
 bucket" (asap.measure.buckets) instead of ">= target of all requests"; the "-sustained" variants of both also
 require the run to drain within its longest TTFT budget after its last arrival and the target to hold in each
 third of the run by arrival (asap.measure.sustain), so a rate at which a queue grows until the run ends (one
-group's, or everyone's) does not pass.
+group's, or everyone's) does not pass. A queue that grows slower than the sample still passes each third of
+it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
+on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
+them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
@@ -55,6 +58,7 @@ from asap.sim.run import balanced_split, get_model, run
 from asap.sim.spec import EngineSpec
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
+CONFIRM = 2                 # "-sustained" criteria: each refined maximum is confirmed on CONFIRM x its requests
 FINALISTS = 3               # screened candidates that get a rate search (REFINE of them a fine one)
 SCREEN_KEEP = 4             # primary candidates whose secondary variants are screened; and the pool a raise stops at
 SCREEN_STEP, SCREEN_ROUNDS = 1.5, 4     # the screen's rate raises (and steps back)
@@ -318,6 +322,9 @@ class Tuned:
     buckets: dict | None = None         # attainment per prompt-length bucket at the best rate (asap.measure.buckets)
     criterion: str = "requests"
     num_screened: int = 0               # candidates the screen simulated
+    # "-sustained" with `longer`: the best's maximum on its search's requests, before the confirmation on
+    # num_requests (CONFIRM x as many); None where no confirmation ran
+    search_rate: float | None = None
 
 
 def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384", *,
@@ -325,7 +332,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
          start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
          prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
          cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None,
-         fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> Tuned:
+         fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, longer: list[Request] | None = None) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
@@ -335,12 +342,19 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     cache: a dict shared by calls on the same requests (e.g. both criteria): simulations are not repeated.
     executor (asap.studies.parallel): runs the screen's simulations and the fine searches side by side; the
     result is the same as a serial run's (default). progress: prints a line per simulation (to stderr).
-    fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.tune.space)."""
+    fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.tune.space).
+    longer: the same workload continued (more requests, the first len(requests) of them `requests`); under a
+    "-sustained" criterion each refined maximum found on n requests is confirmed on its first CONFIRM x n
+    (`_confirm`), and the best confirmed one wins. Ignored under the other criteria."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     key = CRITERIA[criterion]
     if not requests or any(r.deadline is None for r in requests):
         raise ValueError("tune needs requests with deadlines (asap.workload.slo.SLO.apply)")
+    confirm = longer is not None and criterion.endswith("-sustained")
+    if confirm and (len(longer) <= len(requests) or any(r.deadline is None for r in longer)
+                    or any((a.arrival, a.num_tokens) != (b.arrival, b.num_tokens) for a, b in zip(requests, longer))):
+        raise ValueError("longer must continue `requests` (the same workload, more of it, with deadlines)")
     prompt_len = token_weighted_length(requests)
     cands = candidates if candidates is not None else space(engine, devices, model, hardware, prompt_len, full=False,
                                                             fleet_fractions=fleet_fractions)
@@ -465,14 +479,43 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                             f"req/s, at or above the best certified maximum ({best['fine']['max_slo_rate']:.3g} req/s, "
                             f"{best['config'].describe(devices)}), and its search is not valid "
                             f"({top['coarse']['reason']}): more requests are needed to rank them")
-    rate, n = best["fine"]["max_slo_rate"], best["n"]
-    at_best = measure_for(best["config"], n)(rate)
+    search_rate, pool = None, requests
+    if confirm:
+        jobs, ms = [], []
+        for r in valid:
+            m = min(len(longer), CONFIRM * r["n"])
+            pool, ms = longer, ms + [m]
+            jobs.append(((longer[:m], r["fine"]["max_slo_rate"], engine, model, hardware, devices, r["config"], zipf,
+                          progress), dict(target=target, tol=FINE_TOL, max_iters=10, key=key,
+                                          burst_above=burst_limit(m, sum(q.deadline - q.arrival for q in longer[:m]) / m))))
+        for r, m, (found, added) in zip(valid, ms, ex.map(_confirm, jobs)):
+            r["confirmed"], r["m"] = found, m
+            cache.update(added)
+            sims += len(added)
+        for t in table:
+            for r in valid:
+                if t["config"] == dataclasses.asdict(r["config"]):
+                    t["sustained_rate"] = r["confirmed"]["max_slo_rate"] if r["confirmed"]["valid"] else None
+                    t["sustained_num_requests"] = r["m"]
+        held = [r for r in valid if r["confirmed"]["valid"]]
+        if not held:
+            return Tuned(engine, devices, None, None, None, None, table, sims, num_screened=len(screened),
+                         reason="no refined maximum is sustained on " + ", ".join(
+                             f"{r['m']} requests ({r['config'].describe(devices)}: {r['confirmed']['reason']})"
+                             for r in valid))
+        best = max(held, key=lambda r: r["confirmed"]["max_slo_rate"])
+        search_rate = best["fine"]["max_slo_rate"]
+        rate, n = best["confirmed"]["max_slo_rate"], best["m"]
+        at_best = cache[(engine, devices, best["config"], n, round(rate, 9), zipf)]    # _confirm simulated it
+    else:
+        rate, n = best["fine"]["max_slo_rate"], best["n"]
+        at_best = measure_for(best["config"], n)(rate)
     p90 = at_best["ttft_p90_ms"]
-    mean_tokens = sum(r.num_tokens for r in requests[:n]) / n      # cached tokens count as served input
+    mean_tokens = sum(r.num_tokens for r in pool[:n]) / n      # cached tokens count as served input
     return Tuned(engine, devices, best["config"], rate, None if p90 is None else p90 / 1e3,
                  rate * mean_tokens / devices, table, sims, num_requests=n,
                  prefix_hit_rate=at_best.get("prefix_token_hit_rate"), buckets=at_best["buckets"],
-                 criterion=criterion, num_screened=len(screened))
+                 criterion=criterion, num_screened=len(screened), search_rate=search_rate)
 
 
 def _simulate(task: tuple) -> dict:
@@ -505,6 +548,25 @@ def _search(job: tuple) -> tuple[dict, dict]:
             added[k] = _simulate((reqs, rate, *task[2:]))
         return cached[k] if k in cached else added[k]
     return find_max_rate(measure, **kw), added
+
+
+def _confirm(job: tuple) -> tuple[dict, dict]:
+    """A refined maximum on CONFIRM x its search's requests (an executor's task): `task` simulates the longer
+    sample; where it passes at the rate found, that rate stands ("held"), else the maximum is searched for
+    below it on the longer sample (find_max_rate, `kw`). Returns the answer and the simulations added."""
+    task, kw = job
+    reqs, rate, engine, model, hardware, devices, c, zipf, progress = task
+    added: dict = {}
+
+    def measure(r: float) -> dict:
+        k = (engine, devices, c, len(reqs), round(r, 9), zipf)
+        if k not in added:
+            added[k] = _simulate((reqs, r, *task[2:]))
+        return added[k]
+    first = measure(rate)
+    if first[kw["key"]] >= kw["target"]:
+        return {"max_slo_rate": rate, "points": [(rate, first)], "valid": True, "reason": None, "held": True}, added
+    return dict(find_max_rate(measure, lo=rate / (1 + COARSE_TOL), hi=rate, **kw), held=False), added
 
 
 def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target: float, key: str,
