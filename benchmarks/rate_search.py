@@ -70,8 +70,13 @@ def main(argv=None) -> int:
         c, cache = EngineConfig(**kw), {}
         for crit in criteria:
             t = time.time()
-            r = rate_at(reqs, c, args.devices, "deepseek-v3", args.hardware, lo=args.lo, tol=args.tol,
-                        criterion=crit, cache=cache)
+            try:
+                r = rate_at(reqs, c, args.devices, "deepseek-v3", args.hardware, lo=args.lo, tol=args.tol,
+                            criterion=crit, cache=cache)
+            except ValueError as e:     # a layout these dies cannot hold (memory, divisibility): say so, go on
+                print(f"[SIMULATED] {args.workload}, {args.devices} dies: {c.describe(args.devices)}: "
+                      f"not a valid layout: {e}", flush=True)
+                break
             rate = r.get("max_slo_rate") if r.get("valid") else None
             shown = f"{rate:.2f} req/s ({rate / ceiling:.0%} of the ceiling" \
                     f"{'; ABOVE it: not sustainable' if rate > ceiling else ''})" if rate is not None \
