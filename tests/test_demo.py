@@ -37,10 +37,13 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
         return {"config": {"engine": e}, "describe": e, "max_slo_rate": rate, "num_requests": 375, "num_sims": 9,
                 "num_screened": 4, "every_bucket": {"max_slo_rate": rate / 2}}
     doc = {"model": FULL.model, "hardware": FULL.hardware, "slo": FULL.sim_slo, "num_requests": 1500,
-           "code_fingerprint": fingerprint(), "rows": [{"workload": FULL.sim_workload, "devices": FULL.sim_devices,
-                                                       "sync": engine("sync", 1.5), "async": engine("async", 2.0)}]}
+           "code_fingerprint": fingerprint(), "sustained": tuning.headline_rule(FULL),
+           "fleet_fractions": list(FULL.sim_fleet_fractions),
+           "rows": [{"workload": FULL.sim_workload, "devices": FULL.sim_devices,
+                     "sync": engine("sync", 1.5), "async": engine("async", 2.0)}]}
     for change, why in (({"code_fingerprint": "0" * 12}, "other simulation code"), ({"slo": "5s"}, "demo's case"),
-                        ({"rows": []}, "no conversation row")):
+                        ({"rows": []}, "no conversation row"), ({"sustained": False}, "another search rule"),
+                        ({"fleet_fractions": [0.5]}, "wide shares")):
         (tmp_path / "h.json").write_text(json.dumps({**doc, **change}))
         assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 2
         assert why in capsys.readouterr().err and not table.exists()
@@ -48,7 +51,7 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
     assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 0
     entry = json.loads(table.read_text())[headline_key(FULL)]
     assert entry["sync"]["max_slo_rate"] == 1.5 and entry["async"]["every_bucket_rate"] == 1.0
-    assert entry["fingerprint"] == fingerprint()
+    assert entry["fingerprint"] == fingerprint() and entry["rule"] == tuning.headline_rule(FULL)
 
 
 def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():

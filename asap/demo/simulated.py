@@ -41,7 +41,7 @@ def run_simulated(s: DemoSettings, emulated: dict, log) -> dict:
         out.update(tuned=None, tuned_source="NOT TUNED (no headline entry in asap/demo/tuned.json; run "
                                             "`python -m asap.demo.tuning --devices 32`)")
     else:
-        out.update(tuned=tuned["tuning"], tuned_source=tuned["source"])
+        out.update(tuned=tuned["tuning"], tuned_source=tuned["source"], rule=tuned["rule"])
         base = headline_requests(s, s.sim_requests)
         for rate in sorted({round(rate_of(t), 3) for t in tuned["tuning"].values() if rate_of(t)}):
             log(f"SIMULATED: {s.sim_requests} {s.sim_workload} requests at {rate:g} req/s on {s.sim_devices} dies")
@@ -63,6 +63,9 @@ def format_simulated(sim: dict, emulated: dict) -> list[str]:
                  f"each engine best-tuned over its whole space ({sim['tuned_source']}):")
     if sim["tuned"] is None:
         return lines
+    rule = sim.get("rule", "default")
+    lines.append("  search rule: " + (f">= 90% of requests within SLO, sustained: {rule}" if rule != "default" else
+                                      ">= 90% of the sample's requests within SLO (the default)"))
     for engine, t in sim["tuned"].items():
         every = t.get("every_bucket_rate")
         lines.append(f"  {engine:<5} {t['describe']}: SLO-compliant throughput {rate_text(t, 2)} "

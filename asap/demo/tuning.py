@@ -12,7 +12,7 @@ run offline,
     python -m asap.demo.tuning [--devices 24 18 32] [--jobs 2]     # rewrites asap/demo/tuned.json
     python -m asap.demo.tuning --from-headline out/headline.json    # the 32-die entry from a headline run
 
-(measured on two cores with --jobs 2: 10 min for 24 dies, 9 for 20, 20 min for the headline's 32-die row), and
+(measured on two cores with --jobs 2: 10 min for 24 dies, 9 for 20, 43 min for the headline's 32-die row), and
 `asap demo` reads the result (`asap demo --retune` reruns the emulated cluster's first). Keys name what a
 search depends on (model, hardware, devices, the workload and SLO settings, whether only emulatable
 configurations were allowed), so a changed setting is never served another's entry (without an entry the
@@ -48,7 +48,14 @@ def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
 
 
 def headline_key(s: DemoSettings) -> str:
-    return f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
+    return (f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
+            f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else ""))
+
+
+def headline_rule(s: DemoSettings) -> str | bool:
+    """What `asap sim headline` records as its search rule ("sustained" in its JSON) for the demo's case."""
+    from asap.studies.headline import SUSTAINED
+    return SUSTAINED if s.sim_sustained else False
 
 
 def expert_workers(c, devices: int) -> int:
@@ -130,9 +137,10 @@ def untuned(s: DemoSettings, devices: int) -> dict:
                 "candidates": 1} for e, c in configs.items()}
 
 
-def headline_entry(row: dict, code: str, tune_s: float | None = None) -> dict:
+def headline_entry(row: dict, code: str, tune_s: float | None = None, rule: str | bool = False) -> dict:
     """A stored entry from a row of `asap sim headline` (its JSON): each engine's best configuration, its
-    SLO-compliant rate and the sample it was certified on, and its rate under ">= 90% in every bucket"."""
+    SLO-compliant rate and the sample it was certified on, its rate under ">= 90% in every bucket", and the
+    search rule (`rule`: the headline's "sustained" field; False = the default rule)."""
     out = {}
     for e in ("sync", "async"):
         r = row[e]
@@ -142,18 +150,21 @@ def headline_entry(row: dict, code: str, tune_s: float | None = None) -> dict:
                   "num_requests": r["num_requests"], "num_sims": r["num_sims"], "candidates": r.get("num_screened"),
                   "every_bucket_rate": (r.get("every_bucket") or {}).get("max_slo_rate")}
     out["fingerprint"], out["tune_s"] = code, tune_s if tune_s is not None else row.get("wall_s")
+    out["rule"] = rule or "default"
     return out
 
 
 def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
     """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
-    {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0`)."""
+    {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0 --fleet-fractions {s.sim_fleet_fractions}`,
+    with --sustained where s.sim_sustained)."""
     from asap.studies.headline import run_headline
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
                        model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
-                       verbose=progress, executor=executor)
-    return headline_entry(out["rows"][0], code, time.monotonic() - t0)
+                       verbose=progress, executor=executor, fleet_fractions=s.sim_fleet_fractions,
+                       sustained=s.sim_sustained)
+    return headline_entry(out["rows"][0], code, time.monotonic() - t0, out["sustained"])
 
 
 def from_headline(path: Path, s: DemoSettings) -> dict:
@@ -169,10 +180,17 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     if doc.get("num_requests", HEADLINE_REQUESTS) != HEADLINE_REQUESTS:
         raise ValueError(f"{path}: the headline sampled {doc['num_requests']} requests, the demo's entry "
                          f"{HEADLINE_REQUESTS}")
+    if doc.get("sustained", False) != headline_rule(s):
+        raise ValueError(f"{path}: the headline ran under another search rule (sustained: {doc.get('sustained')!r}); "
+                         f"the demo's case wants {headline_rule(s)!r} (asap sim headline "
+                         f"{'--sustained' if s.sim_sustained else 'without --sustained'})")
+    if tuple(doc.get("fleet_fractions", (0.5,))) != tuple(s.sim_fleet_fractions):
+        raise ValueError(f"{path}: the headline's fleets tried wide shares {doc.get('fleet_fractions', [0.5])}, the "
+                         f"demo's case {list(s.sim_fleet_fractions)} (--fleet-fractions)")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
     if not rows:
         raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")
-    return headline_entry(rows[0], doc["code_fingerprint"])
+    return headline_entry(rows[0], doc["code_fingerprint"], rule=doc.get("sustained", False))
 
 
 def _stored(k: str) -> tuple[dict | None, str]:
@@ -187,7 +205,7 @@ def _stored(k: str) -> tuple[dict | None, str]:
 def _configs(entry: dict, source: str) -> dict:
     from asap.studies.tune import EngineConfig
     return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
-            "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source}
+            "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source, "rule": entry.get("rule", "default")}
 
 
 def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: bool = False) -> dict:
@@ -222,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"headline case)")
     p.add_argument("--from-headline", type=Path, default=None, metavar="JSON",
                    help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
-                        f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0` run on this "
-                        f"code")
+                        f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0 "
+                        f"--fleet-fractions {' '.join(f'{f:g}' for f in FULL.sim_fleet_fractions)}"
+                        f"{' --sustained' if FULL.sim_sustained else ''}` run on this code")
     from asap.studies import parallel
     parallel.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
