@@ -1,5 +1,6 @@
 """One headline row's configuration at one rate on a chosen sample, judged as the tuner's sustain rule judges it
-(SIMULATED). Settles whether two maxima confirmed on different samples hold on the same one.
+(SIMULATED). Settles whether two maxima confirmed on different samples hold on the same one. Unlike
+`asap sim explain --config`, which breaks down one instance, it runs every instance of the row.
 
     ASAP_TRACE_DIR=../shared/traces python benchmarks/same_sample.py out/s15/conv384/headline.json \\
         --devices 384 --engine sync --rate 31.98 --num-requests 24000
@@ -12,7 +13,7 @@ import json
 import sys
 import time
 
-from asap.measure.buckets import by_length
+from asap.measure.buckets import by_length, format_buckets
 from asap.measure.metrics import summarize
 from asap.measure.sustain import by_arrival_third, drain
 from asap.sim.run import run
@@ -47,8 +48,7 @@ def main(argv=None) -> int:
     print(f"[SIMULATED] {args.engine} {row['describe']}\n  at {args.rate:.3f} req/s on the first {len(pool)} "
           f"{wl} requests ({time.time() - t:.0f} s)")
     print(f"  within SLO {s['slo_attainment']:.4f}, worst length bucket {v['min_bucket_attainment']:.4f}")
-    print("  by length: " + ", ".join(f"{k} {b['slo_attainment']:.3f}" for k, b in by_length(res.results).items()
-                                      if b["slo_attainment"] is not None))
+    print(f"  by length: {format_buckets(by_length(res.results))}")
     print("  by arrival third: " + " / ".join("-" if a is None else f"{a:.4f}" for a in by_arrival_third(res.results)))
     if d["drain_s"] is not None:
         print(f"  drain after the last arrival {d['drain_s']:.1f} s (longest budget {d['max_budget_s']:.1f} s)")
