@@ -97,3 +97,10 @@ def test_best_configs_tunes_both_engines_for_the_demo(tmp_path):
         spec = cfg.spec("small-deepseek-v3", "h800", 4)
         assert (spec.engine, spec.attention_tp, spec.token_budget, spec.instances) == \
             (engine, cfg.attention_tp, cfg.token_budget, cfg.instances)
+
+
+def test_plan_cli_refuses_fewer_than_two_devices_with_one_line(capsys):
+    for devices in ("1", "0", "-3"):
+        assert main(["plan", "--devices", devices]) == 2
+        err = capsys.readouterr().err
+        assert "--devices must be >= 2" in err and "Traceback" not in err

@@ -131,6 +131,8 @@ def run_tune(args) -> int:
 
 def run_plan(args) -> int:
     from asap.studies.plan import apply_slo, format_plan, plan, workload_requests
+    if args.devices < 2:
+        raise ValueError(f"--devices must be >= 2 (one attention and one expert worker at least), got {args.devices}")
     if args.tune:
         return run_tune(args)
     reqs = workload_requests(args.workload, args.num_requests, args.seed, args.trace)
