@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from asap.measure.buckets import by_length, format_buckets
 from asap.measure.metrics import summarize
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, required=True, help="req/s")
     p.add_argument("--num-requests", type=int, required=True, help="the sample: the workload's first N requests")
     args = p.parse_args(argv)
-    h = json.load(open(args.headline))
+    h = json.loads(Path(args.headline).read_text())
     wl = args.workload or h["workloads"][0]
     rows = [r for r in h["rows"] if r["devices"] == args.devices and r["workload"] == wl]
     if not rows or not rows[0][args.engine]["config"]:
