@@ -104,3 +104,35 @@ def test_plan_cli_refuses_fewer_than_two_devices_with_one_line(capsys):
         assert main(["plan", "--devices", devices]) == 2
         err = capsys.readouterr().err
         assert "--devices must be >= 2" in err and "Traceback" not in err
+
+
+def test_plan_tune_recommends_the_faster_engine_with_its_serve_command(monkeypatch, capsys):
+    """`asap plan --tune` names the engine with the higher SLO-compliant rate and prints the command that serves
+    its configuration (here a stand-in for the tuner's results: the search itself is tested above)."""
+    import shlex
+    from types import SimpleNamespace
+
+    import asap.studies.plan as plan
+    from asap.studies.tune import EngineConfig
+
+    def tuned(c, rate):
+        return SimpleNamespace(best=c, max_slo_rate=rate, reason=None, tokens_per_s_per_device=1.0,
+                               ttft_p90_s=1.0, num_sims=1)
+    for sync_rate, async_rate, winner in ((10.0, 9.0, "sync"), (10.0, 12.5, "async")):
+        results = {"sync": tuned(EngineConfig("sync", 4, 8192, instances=2), sync_rate),
+                   "async": tuned(EngineConfig("async", 1, 8192, attention_workers=16, selector="fullest"),
+                                  async_rate)}
+        monkeypatch.setattr(plan, "best_configs", lambda *a, **k: {**{e: r.best for e, r in results.items()},
+                                                                   "results": results})
+        assert main(["plan", "--devices", "32", "--tune", "conversation", "--slo", "2s+1ms/tok"]) == 0
+        text = capsys.readouterr().out
+        lead = max(sync_rate, async_rate) / min(sync_rate, async_rate)
+        assert f"recommended for this workload: the {winner} engine ({lead:.2f}x the best" in text
+        serve = [line.strip() for line in text.splitlines() if line.strip().startswith("asap serve")]
+        assert len(serve) == 1 and shlex.split(serve[0])[3:5] == ["--engine", winner]
+        if winner == "sync":        # two instances of 16 devices, DP4 x TP4 each: emulated compute (TP > 1)
+            assert "2 independent instances of 16 devices" in text
+            assert "--devices 16 --attention-tp 4" in serve[0] and "--compute emulated" in serve[0]
+        else:
+            assert "--attention-workers 16 --expert-workers 16" in serve[0] and "--selector fullest" in serve[0]
+            assert "--compute" not in serve[0]

@@ -56,8 +56,9 @@ def register(sub):
     p.add_argument("--tune", metavar="WORKLOAD", default=None,
                    help="instead: search each engine's whole configuration space with the same budget "
                         "(asap.studies.tune) on WORKLOAD (conversation, synthetic, fixed-4k, lognormal or a trace "
-                        "path) and print the best sync and the best async configuration; --slo then takes a "
-                        "time budget such as 5s or 2s+1ms/tok")
+                        "path), print the best sync and the best async configuration, recommend the engine with the "
+                        "higher SLO-compliant rate and print the `asap serve` command of each of its deployments; "
+                        "--slo then takes a time budget such as 5s or 2s+1ms/tok")
     p.add_argument("--json", help="write the plan here")
     p.set_defaults(func=run_plan)
 
@@ -124,6 +125,14 @@ def run_tune(args) -> int:
     s, a = out["results"]["sync"].max_slo_rate, out["results"]["async"].max_slo_rate
     if s and a:
         print(f"[SIMULATED] best-tuned async / best-tuned sync = {a / s:.2f}x")
+    if s or a:
+        from asap.studies.deploy import deployment_lines
+        engine = "async" if (a or 0) > (s or 0) else "sync"
+        other = "sync" if engine == "async" else "async"
+        lead = f"{max(a or 0, s or 0) / min(a, s):.2f}x the best {other}" if s and a else f"no {other} candidate passes"
+        print(f"[SIMULATED] recommended for this workload: the {engine} engine ({lead}); run it as")
+        for line in deployment_lines(out["results"][engine].best, args.devices, args.model, args.hardware):
+            print(line)
     if args.json:
         _write(args.json, {e: dataclasses.asdict(out["results"][e]) for e in ("sync", "async")})
     return 0

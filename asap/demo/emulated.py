@@ -23,35 +23,15 @@ from asap.bench.targets import EngineTarget
 from asap.config import RuntimeConfig
 from asap.demo.load import FLAG_MARGIN, MAX_RAISE, contention, flag, machine_load, raised_dilation
 from asap.demo.settings import DemoSettings, demo_requests
-from asap.demo.tuning import expert_workers, rate_text, tuned_configs, worker_processes
+from asap.demo.tuning import rate_text, tuned_configs, worker_processes
+from asap.studies.deploy import runtime_config
 
 
 def runtime_for(c, s: DemoSettings, devices: int) -> RuntimeConfig:
     """The runtime configuration of a tuned EngineConfig, with emulated compute."""
     from asap.sim.run import get_model
-    tp = c.attention_tp
-    colocated = c.colocated         # every die an attention replica's share and an expert shard
-    workers = expert_workers(c, devices)
-    # None: the fewest extra copies that give every worker the same slot count, as the simulator takes it
-    redundant = c.redundant_experts if c.redundant_experts is not None else (-get_model(s.model).num_experts) % workers
-    common = dict(compute="emulated", hardware=s.hardware, dilation=s.dilation, token_budget=c.token_budget,
-                  router=c.router, redundant_experts=redundant, attention_tp=tp, comm_timeout_s=120.0)
-    if c.engine == "sync":
-        return RuntimeConfig(devices=devices, attention_workers=1, expert_workers=max(1, workers - 1),
-                             microbatches=2 if c.two_batch_overlap else 1, **common)
-    adaptive = c.microbatches == "adaptive"
-    return RuntimeConfig(attention_workers=c.attention_workers, expert_workers=workers,
-                         devices=devices if colocated else c.attention_workers * tp + workers,
-                         microbatches=2 if adaptive else int(c.microbatches), adaptive_depth=adaptive,
-                         colocated=colocated, aggregation_window_ms=getattr(c, "window_s", 0.0) * 1e3,
-                         selector=getattr(c, "selector", "oldest"), **_max_wait(c), **common)
-
-
-def _max_wait(c) -> dict:
-    """The fullest selector's age bound, where the tuned configuration sets one (else the runtime's default,
-    the same as the simulator's)."""
-    wait = getattr(c, "max_wait_s", None)
-    return {} if wait is None else {"expert_max_wait_ms": wait * 1e3}
+    return runtime_config(c, devices, get_model(s.model).num_experts, compute="emulated", hardware=s.hardware,
+                          dilation=s.dilation, comm_timeout_s=120.0)
 
 
 def run_emulated(s: DemoSettings, log, retune: bool = False) -> tuple[dict, list[Run]]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from asap.demo.settings import FULL, QUICK, DemoSettings, demo_requests
 from asap.pipeline.plan import token_weighted_length
 from asap.studies.code_version import fingerprint, is_current
+from asap.studies.deploy import expert_workers
 from asap.studies.headline import NUM_REQUESTS
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
@@ -56,14 +57,6 @@ def headline_rule(s: DemoSettings) -> str | bool:
     """What `asap sim headline` records as its search rule ("sustained" in its JSON) for the demo's case."""
     from asap.studies.headline import SUSTAINED
     return SUSTAINED if s.sim_sustained else False
-
-
-def expert_workers(c, devices: int) -> int:
-    """The expert side's processes for `c` on `devices` devices (one instance): sync, a rank per attention TP
-    group (each holds its EP shard); async, an expert worker per device of the pool (co-located: every device)."""
-    if c.engine == "sync":
-        return devices // c.attention_tp
-    return devices if c.colocated else devices - c.attention_workers * c.attention_tp
 
 
 def worker_processes(c, devices: int) -> int:

@@ -1,0 +1,82 @@
+"""A tuned configuration's deployments (asap.studies.deploy): the runtime they give is the engine the tuner
+simulated, and the printed `asap serve` command parses back into that runtime."""
+import dataclasses
+import shlex
+
+import pytest
+
+from asap.cli import build_parser
+from asap.config import RuntimeConfig, config_from_args
+from asap.scheduler.expert_select import FullestLayer
+from asap.sim.from_runtime import engine_spec
+from asap.sim.run import get_model
+from asap.studies.deploy import deployments, serve_command
+from asap.studies.tune import EngineConfig, space
+
+MODEL = "deepseek-v3"
+HW = dict(compute="emulated", hardware="cloudmatrix384")     # attention TP > 1 runs emulated only
+EXPERTS = get_model(MODEL).num_experts
+
+
+def _configs():
+    """Every primary candidate of both engines on 32 dies (fleets included) and a few secondary variants."""
+    out = space("sync", 32, full=False, fleet_fractions=(0.25, 0.5)) + space("async", 32, full=False,
+                                                                              fleet_fractions=(0.25, 0.5))
+    out += [EngineConfig("sync", 4, 8192, instances=2, two_batch_overlap=False, router="round-robin"),
+            EngineConfig("async", 1, 8192, attention_workers=16, window_s=0.002, selector="fullest",
+                         microbatches=3),
+            EngineConfig("async", 1, 16384, attention_workers=17, selector="fullest", max_wait_s=0.005),
+            EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, microbatches="adaptive")]
+    return out
+
+
+# where the runtime and the tuner's spec differ by construction: the runtime caps an expert batch at a multiple
+# of its token budget (asap.pipeline.depth.expert_batch_cap), the tuner's spec at EngineSpec's default
+IGNORED = {"max_batch_tokens"}
+
+
+@pytest.mark.parametrize("c", _configs(), ids=lambda c: c.describe(32))
+def test_runtime_is_the_simulated_engine(c):
+    parts = deployments(c, 32, EXPERTS, **HW)
+    per = 32 // c.instances
+    assert sum(d.devices for d in parts) == per
+    if c.engine == "sync" and c.wide_replicas:
+        assert [d.runtime.attention_tp for d in parts] == [c.attention_tp, c.wide_tp]
+        assert parts[1].devices == c.wide_replicas * c.wide_tp
+        return                      # two deployments: the tuner simulates them as one split (split_by_length)
+    (d,) = parts
+    got = engine_spec(d.runtime, d.engine, MODEL, d.devices)
+    want = dataclasses.replace(c.spec(MODEL, "cloudmatrix384", 32), instances=1, devices=per)
+    workers = d.runtime.devices // d.runtime.attention_tp if c.engine == "sync" else d.runtime.expert_workers
+    want = dataclasses.replace(want, redundant_experts=(
+        want.redundant_experts if want.redundant_experts is not None else (-EXPERTS) % workers))
+    if want.selector == "fullest" and want.max_wait_s is None:      # None: FullestLayer's default age bound
+        want = dataclasses.replace(want, max_wait_s=FullestLayer().max_wait_s)
+    if c.wide_replicas:             # the tuner leaves the narrow count to the spec; the runtime names it
+        want = dataclasses.replace(want, attention_workers=got.attention_workers)
+    for f in dataclasses.fields(got):
+        if f.name not in IGNORED:
+            assert getattr(got, f.name) == getattr(want, f.name), f.name
+
+
+@pytest.mark.parametrize("c", _configs(), ids=lambda c: c.describe(32))
+def test_serve_command_parses_back(c):
+    for d in deployments(c, 32, EXPERTS, **HW):
+        argv = shlex.split(serve_command(MODEL, d))
+        assert argv[:3] == ["asap", "serve", MODEL]
+        args = build_parser().parse_args(argv[1:])
+        parsed = config_from_args(RuntimeConfig, args)
+        layout = {f.name for f in dataclasses.fields(RuntimeConfig)} - {"dilation", "comm_timeout_s"}
+        if d.engine == "sync":      # sync reads its devices and TP; the async-only fields stay at their defaults
+            layout -= {"attention_workers", "expert_workers"}
+        for name in layout:
+            assert getattr(parsed, name) == getattr(d.runtime, name), name
+        assert args.engine == d.engine
+
+
+def test_real_compute_refuses_tensor_parallel_layouts():
+    c = EngineConfig("sync", 4, 8192)
+    with pytest.raises(ValueError, match="needs compute='emulated'"):
+        deployments(c, 32, EXPERTS)
+    (d,) = deployments(EngineConfig("sync", 1, 4096), 32, EXPERTS)
+    assert serve_command(MODEL, d) == f"asap serve {MODEL} --engine sync --devices 32 --token-budget 4096"
