@@ -12,8 +12,12 @@ rule; nothing else builds an AdaptiveDepth.
 Batch cap. An expert worker merges ready same-layer work up to
 `expert_batch_cap(token_budget)` = 4 replica steps' worth of tokens: enough to
 amortise the expert weight reads (each expert sees 4x the tokens of one step)
-while one batch never holds more than a few steps of latency. Runtime and
-simulator take the cap from here.
+while one batch never holds more than a few steps of latency. The runtime, and
+the simulator of a runtime (asap.sim.from_runtime), take the cap from here; the
+tuner's simulations use EngineSpec's fixed 65,536 (asap.sim.spec). The two
+differ below 16K budgets, where neither binds on the headline's configurations
+(2026-12-04: the 32-die conversation and fixed-4K async winners at 8K give the
+same attainment and P90 TTFT under both caps).
 """
 from __future__ import annotations
 
