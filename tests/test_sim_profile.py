@@ -77,3 +77,20 @@ def test_sim_cli_offers_every_simulator_command():
         assert p.parse_args(["sim", cmd]).cmd == cmd
     a = p.parse_args(["profile", "--model", "tiny-deepseek-v3", "--out", "x.json", "--statistic", "median"])
     assert (a.model, a.out, a.threads, a.statistic) == ("tiny-deepseek-v3", "x.json", 1, "median")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["sim", "headline", "--devices", "0", "--workloads", "fixed-4k"], "distinct device counts >= 2"),
+    (["sim", "headline", "--devices", "32", "32", "--workloads", "fixed-4k"], "distinct device counts >= 2"),
+    (["sim", "headline", "--devices", "32", "--workloads", "fixed-4k", "--out", "/proc/asap-no-such"],
+     "cannot write there"),
+    (["sim", "trace", "--rate", "0"], "--rate > 0"),
+    (["sim", "trace", "--start", "-5"], "--start >= 0"),
+    (["sim", "trace", "--length", "0"], "--length > 0"),
+])
+def test_sim_cli_refuses_bad_arguments_before_simulating(argv, says, capsys):
+    """One line and exit 2, before any simulation (a headline would otherwise tune for minutes first)."""
+    from asap.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err

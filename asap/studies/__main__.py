@@ -137,6 +137,8 @@ def run_command(a) -> int:
             for row in merged["rows"]:
                 print(format_row(row))
         else:
+            _check_devices(a.devices)
+            _check_out_dir(a.out)
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
@@ -150,8 +152,29 @@ def run_command(a) -> int:
     elif a.cmd == "speed":
         speed(a.num_requests, a.devices, a.engine)
     elif a.cmd == "trace":
+        if not (a.rate > 0 and a.length > 0 and a.start >= 0):
+            raise ValueError(f"trace needs --rate > 0, --length > 0 and --start >= 0, got --rate {a.rate:g} "
+                             f"--length {a.length:g} --start {a.start:g}")
         trace(a.out, a.engine, a.devices, a.rate, a.start, a.length, a.num_requests)
     return 0
+
+
+def _check_devices(counts: list[int]) -> None:
+    """headline's device counts: each a cluster of >= 2 devices, each once."""
+    if any(n < 2 for n in counts) or len(set(counts)) != len(counts):
+        raise ValueError(f"--devices takes distinct device counts >= 2 (one row each), got {' '.join(map(str, counts))}")
+
+
+def _check_out_dir(out: str) -> None:
+    """Fail before hours of tuning, not after: --out must be a directory this process can write."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".asap-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
