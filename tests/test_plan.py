@@ -136,3 +136,26 @@ def test_plan_tune_recommends_the_faster_engine_with_its_serve_command(monkeypat
         else:
             assert "--attention-workers 16 --expert-workers 16" in serve[0] and "--selector fullest" in serve[0]
             assert "--compute" not in serve[0]
+
+
+def test_plan_tune_recommends_nothing_when_one_search_gave_no_rate(monkeypatch, capsys):
+    """One engine without a rate: a recommendation only where no layout of it fits, not where its search did not
+    converge (e.g. too few requests to rank the candidates)."""
+    from types import SimpleNamespace
+
+    import asap.studies.plan as plan
+    from asap.studies.tune import EngineConfig
+
+    sync = SimpleNamespace(best=EngineConfig("sync", 1, 4096), max_slo_rate=10.0, reason=None,
+                           tokens_per_s_per_device=1.0, ttft_p90_s=1.0, num_sims=1)
+    for reason, says in (("no feasible configuration", "recommended for this workload: the sync engine (no async "
+                                                        "layout fits)"),
+                         ("X still passes at 40 (a burst): more requests are needed to rank them",
+                          "no recommendation: the async search gave no rate to compare (X still passes")):
+        results = {"sync": sync, "async": SimpleNamespace(best=None, max_slo_rate=None, reason=reason, num_sims=3)}
+        monkeypatch.setattr(plan, "best_configs", lambda *a, **k: {"sync": sync.best, "async": None,
+                                                                   "results": results})
+        assert main(["plan", "--devices", "32", "--tune", "conversation", "--slo", "2s+1ms/tok"]) == 0
+        text = capsys.readouterr().out
+        assert says in text
+        assert ("asap serve" in text) == (reason == "no feasible configuration")

@@ -126,16 +126,26 @@ def run_tune(args) -> int:
     if s and a:
         print(f"[SIMULATED] best-tuned async / best-tuned sync = {a / s:.2f}x")
     if s or a:
-        from asap.studies.deploy import deployment_lines
-        engine = "async" if (a or 0) > (s or 0) else "sync"
-        other = "sync" if engine == "async" else "async"
-        lead = f"{max(a or 0, s or 0) / min(a, s):.2f}x the best {other}" if s and a else f"no {other} candidate passes"
-        print(f"[SIMULATED] recommended for this workload: the {engine} engine ({lead}); run it as")
-        for line in deployment_lines(out["results"][engine].best, args.devices, args.model, args.hardware):
+        for line in _recommendation(out["results"], args):
             print(line)
     if args.json:
         _write(args.json, {e: dataclasses.asdict(out["results"][e]) for e in ("sync", "async")})
     return 0
+
+
+def _recommendation(results: dict, args) -> list[str]:
+    """The engine with the higher SLO-compliant rate and how to run it; none where the other engine's search
+    gave no rate for a reason other than "no layout fits" (then the two were not compared)."""
+    from asap.studies.deploy import deployment_lines
+    s, a = results["sync"].max_slo_rate, results["async"].max_slo_rate
+    engine = "async" if (a or 0) > (s or 0) else "sync"
+    other = "sync" if engine == "async" else "async"
+    why = results[other].reason or ""
+    if not (s and a) and why != "no feasible configuration":
+        return [f"[SIMULATED] no recommendation: the {other} search gave no rate to compare ({why})"]
+    lead = f"{max(a, s) / min(a, s):.2f}x the best {other}" if s and a else f"no {other} layout fits"
+    return [f"[SIMULATED] recommended for this workload: the {engine} engine ({lead}); run it as",
+            *deployment_lines(results[engine].best, args.devices, args.model, args.hardware)]
 
 
 def run_plan(args) -> int:
