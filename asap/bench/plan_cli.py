@@ -59,6 +59,8 @@ def register(sub):
                         "path), print the best sync and the best async configuration, recommend the engine with the "
                         "higher SLO-compliant rate and print the `asap serve` command of each of its deployments; "
                         "--slo then takes a time budget such as 5s or 2s+1ms/tok")
+    from asap.studies.parallel import add_arguments
+    add_arguments(p)            # --jobs, --executor: where --tune's simulations run
     p.add_argument("--json", help="write the plan here")
     p.set_defaults(func=run_plan)
 
@@ -113,7 +115,10 @@ def run_tune(args) -> int:
     from asap.studies.plan import best_configs
     if isinstance(parse_slo(args.slo, relative=True), IdleMultiple):
         raise ValueError("--tune judges both engines on a peer-style SLO: give --slo such as 5s or 2s+1ms/tok")
-    out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests, verbose=True)
+    from asap.studies import parallel
+    with parallel.from_args(args) as executor:
+        out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests,
+                           verbose=True, executor=executor)
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:
