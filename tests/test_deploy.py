@@ -35,8 +35,12 @@ def _configs():
 IGNORED = {"max_batch_tokens"}
 
 
-@pytest.mark.parametrize("c", _configs(), ids=lambda c: c.describe(32))
-def test_runtime_is_the_simulated_engine(c):
+def test_runtime_is_the_simulated_engine():
+    for c in _configs():
+        _check_runtime(c)
+
+
+def _check_runtime(c):
     parts = deployments(c, 32, EXPERTS, **HW)
     per = 32 // c.instances
     assert sum(d.devices for d in parts) == per
@@ -56,11 +60,15 @@ def test_runtime_is_the_simulated_engine(c):
         want = dataclasses.replace(want, attention_workers=got.attention_workers)
     for f in dataclasses.fields(got):
         if f.name not in IGNORED:
-            assert getattr(got, f.name) == getattr(want, f.name), f.name
+            assert getattr(got, f.name) == getattr(want, f.name), (c.describe(32), f.name)
 
 
-@pytest.mark.parametrize("c", _configs(), ids=lambda c: c.describe(32))
-def test_serve_command_parses_back(c):
+def test_serve_command_parses_back():
+    for c in _configs():
+        _check_serve(c)
+
+
+def _check_serve(c):
     for d in deployments(c, 32, EXPERTS, **HW):
         argv = shlex.split(serve_command(MODEL, d))
         assert argv[:3] == ["asap", "serve", MODEL]
@@ -70,7 +78,7 @@ def test_serve_command_parses_back(c):
         if d.engine == "sync":      # sync reads its devices and TP; the async-only fields stay at their defaults
             layout -= {"attention_workers", "expert_workers"}
         for name in layout:
-            assert getattr(parsed, name) == getattr(d.runtime, name), name
+            assert getattr(parsed, name) == getattr(d.runtime, name), (c.describe(32), name)
         assert args.engine == d.engine
 
 
