@@ -159,3 +159,26 @@ def test_plan_tune_recommends_nothing_when_one_search_gave_no_rate(monkeypatch, 
         text = capsys.readouterr().out
         assert says in text
         assert ("asap serve" in text) == (reason == "no feasible configuration")
+
+
+def test_best_configs_sustained_uses_the_headline_rule(monkeypatch):
+    """--sustained: both engines' searches use the sustained criterion on the first N requests, and confirm on
+    CONFIRM x N of the same workload (the headline's rule)."""
+    import asap.studies.tune as tune_mod
+    from asap.studies.plan import best_configs
+    calls = []
+
+    def fake_tune(requests, engine, devices, model, hardware, **kw):
+        calls.append((engine, len(requests), kw.get("criterion", "requests"), len(kw.get("longer") or [])))
+        return tune_mod.Tuned(engine, devices, None, None, None, None, reason="stub")
+    monkeypatch.setattr(tune_mod, "tune", fake_tune)
+    best_configs(devices=32, workload="fixed-4k", num_requests=50, sustained=True)
+    assert calls == [(e, 50, "requests-sustained", 50 * tune_mod.CONFIRM) for e in ("sync", "async")]
+    calls.clear()
+    best_configs(devices=32, workload="fixed-4k", num_requests=50)
+    assert calls == [(e, 50, "requests", 0) for e in ("sync", "async")]
+
+
+def test_plan_sustained_needs_tune(capsys):
+    assert main(["plan", "--devices", "32", "--sustained"]) == 2
+    assert "--sustained is a rule of --tune's search" in capsys.readouterr().err

@@ -59,6 +59,10 @@ def register(sub):
                         "path), print the best sync and the best async configuration, recommend the engine with the "
                         "higher SLO-compliant rate and print the `asap serve` command of each of its deployments; "
                         "--slo then takes a time budget such as 5s or 2s+1ms/tok")
+    p.add_argument("--sustained", action="store_true",
+                   help="--tune: the headline table's rule (asap sim headline --sustained): a rate passes only if "
+                        "the run drains within its longest TTFT budget after the last arrival and meets the target "
+                        "in each third of the run, and each maximum is confirmed on twice the requests")
     from asap.studies.parallel import add_arguments
     add_arguments(p)            # --jobs, --executor: where --tune's simulations run
     p.add_argument("--json", help="write the plan here")
@@ -118,7 +122,7 @@ def run_tune(args) -> int:
     from asap.studies import parallel
     with parallel.from_args(args) as executor:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests,
-                           verbose=True, executor=executor)
+                           verbose=True, executor=executor, sustained=args.sustained)
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:
@@ -157,6 +161,8 @@ def run_plan(args) -> int:
     from asap.studies.plan import apply_slo, format_plan, plan, workload_requests
     if args.devices < 2:
         raise ValueError(f"--devices must be >= 2 (one attention and one expert worker at least), got {args.devices}")
+    if args.sustained and not args.tune:
+        raise ValueError("--sustained is a rule of --tune's search: give --tune WORKLOAD")
     if args.tune:
         return run_tune(args)
     reqs = workload_requests(args.workload, args.num_requests, args.seed, args.trace)

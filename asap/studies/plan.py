@@ -197,17 +197,22 @@ def format_plan(p: Plan) -> str:
 
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
-                 slo="2s+1ms/tok", num_requests: int = 600, verbose: bool = False, executor=None) -> dict:
+                 slo="2s+1ms/tok", num_requests: int = 600, verbose: bool = False, executor=None,
+                 sustained: bool = False) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
     workload: a name of asap.workload.presets or a trace path; slo: an asap.workload.slo spec.
     EngineConfig.spec() gives the engine asap.sim.run.run simulates; None where no candidate has a valid rate
     (Tuned.reason says why). executor (asap.studies.parallel): where the simulations run (default: one after
-    another); the results are the same for any."""
-    from asap.studies.tune import tune
+    another); the results are the same for any. sustained: the headline's --sustained rule (a rate passes only
+    if the run drains in time and holds the target in each arrival third, and each refined maximum is
+    confirmed on CONFIRM x the requests its search used)."""
+    from asap.studies.tune import CONFIRM, tune
     from asap.workload.presets import workload_requests
-    requests = parse_slo(slo).apply(workload_requests(workload, num_requests))
-    results = {engine: tune(requests, engine, devices, model, hardware, verbose=verbose, executor=executor)
+    pool = parse_slo(slo).apply(workload_requests(workload, num_requests * (CONFIRM if sustained else 1)))
+    rule = dict(criterion="requests-sustained", longer=pool) if sustained else {}
+    results = {engine: tune(pool[:num_requests], engine, devices, model, hardware, verbose=verbose,
+                            executor=executor, **rule)
                for engine in ("sync", "async")}
     return {"sync": results["sync"].best, "async": results["async"].best, "results": results}
