@@ -182,3 +182,20 @@ def test_best_configs_sustained_uses_the_headline_rule(monkeypatch):
 def test_plan_sustained_needs_tune(capsys):
     assert main(["plan", "--devices", "32", "--sustained"]) == 2
     assert "--sustained is a rule of --tune's search" in capsys.readouterr().err
+
+
+def test_plan_tune_samples_as_many_requests_as_the_headline_by_default(monkeypatch):
+    import asap.studies.plan as plan
+    from asap.studies.headline import NUM_REQUESTS
+    seen = []
+
+    def stub(model, hardware, devices, workload, slo, num_requests, **kw):
+        seen.append(num_requests)
+        raise SystemExit(0)
+    monkeypatch.setattr(plan, "best_configs", stub)
+    for argv, want in (([], NUM_REQUESTS), (["--num-requests", "4000"], 4000)):
+        try:
+            main(["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "2s+1ms/tok", *argv])
+        except SystemExit:
+            pass
+    assert seen == [NUM_REQUESTS, 4000]

@@ -18,7 +18,8 @@ from asap.workload.slo import IdleMultiple, add_slo_flag, parse_slo
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
 
     asap plan --devices 32                                        # ~2 min on two cores shared with other jobs
-    asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned: minutes
+    asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned, ~20 min
+    asap plan --devices 32 --tune my.csv --slo 2s+1ms/tok --num-requests 4000 --sustained   # the table's rule
 
 The row marked "analytic" is the split the cost model balances on paper (attention throughput =
 expert throughput); its SLO-compliant rate is the reference at which every feasible split (E large
@@ -26,7 +27,8 @@ enough to hold the routed experts' weights) is simulated once; the --check best 
 own rate search, and the one with the highest SLO-compliant rate is marked RECOMMENDED. With --sync
 the sync engine on the same N devices is searched too, in its default layout (DP N x TP1, untuned):
 for a fair comparison of the engines use --tune, which searches each engine's whole configuration
-space with the same budget.
+space with the same budget, and ends with the engine to run on that workload and the `asap serve`
+command of each of its deployments.
 """
 
 ABLATION = """Each scheduling optimization of the async engine on and off (plain, each one alone, all on,
@@ -37,6 +39,10 @@ and with --leave-one-out all on minus one), and the sync baseline, at their SLO-
 """
 
 
+PLAN_REQUESTS = 300          # the A:E plan's sample
+TUNE_REQUESTS = 1500         # --tune's, as asap sim headline's default (asap.studies.headline.NUM_REQUESTS)
+
+
 def register(sub):
     from asap.studies.plan import WORKLOADS
     p = sub.add_parser("plan", help="recommend attention:expert workers for N devices (SIMULATED)",
@@ -44,7 +50,7 @@ def register(sub):
     p.add_argument("--devices", type=int, required=True, help="devices to split into A attention + E expert")
     p.add_argument("--model", default="deepseek-v3", help="preset name or HF config.json directory")
     p.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (built-in name or .json)")
-    _workload_flags(p, WORKLOADS, num_requests=300, max_prompt=None)
+    _workload_flags(p, WORKLOADS, num_requests=None, max_prompt=None)
     p.add_argument("--check", type=int, default=3, help="rate-search this many best screened candidates (0 = all)")
     p.add_argument("--tolerance", type=float, default=0.1, help="relative width of the final rate bracket")
     p.add_argument("--target-attainment", type=float, default=0.9,
@@ -108,7 +114,10 @@ def _workload_flags(p, workloads, num_requests: int, max_prompt):
     from asap.studies.experiments import TRACE
     p.add_argument("--workload", choices=workloads, default="trace",
                    help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
-    p.add_argument("--num-requests", type=int, default=num_requests, help="the trace's first N requests")
+    p.add_argument("--num-requests", type=int, default=num_requests,
+                   help="the trace's first N requests" + ("" if num_requests is not None else
+                                                          f" (default {PLAN_REQUESTS}; --tune: {TUNE_REQUESTS}, "
+                                                          "the headline's; fixed prompts want 4000)"))
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the expert skew")
     add_slo_flag(p, "5x", relative=True, what=" (--tune: a time budget, not 5x)")
     p.add_argument("--max-prompt", type=int, default=max_prompt, help="clip prompt lengths")
@@ -121,7 +130,8 @@ def run_tune(args) -> int:
         raise ValueError("--tune judges both engines on a peer-style SLO: give --slo such as 5s or 2s+1ms/tok")
     from asap.studies import parallel
     with parallel.from_args(args) as executor:
-        out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo, args.num_requests,
+        out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
+                           TUNE_REQUESTS if args.num_requests is None else args.num_requests,
                            verbose=True, executor=executor, sustained=args.sustained)
     for engine in ("sync", "async"):
         t = out["results"][engine]
@@ -165,7 +175,8 @@ def run_plan(args) -> int:
         raise ValueError("--sustained is a rule of --tune's search: give --tune WORKLOAD")
     if args.tune:
         return run_tune(args)
-    reqs = workload_requests(args.workload, args.num_requests, args.seed, args.trace)
+    n = PLAN_REQUESTS if args.num_requests is None else args.num_requests
+    reqs = workload_requests(args.workload, n, args.seed, args.trace)
     if args.max_prompt:
         reqs = [dataclasses.replace(r, num_tokens=min(r.num_tokens, args.max_prompt)) for r in reqs]
     reqs = apply_slo(reqs, args.slo, args.model, args.hardware, args.devices, args.token_budget)
