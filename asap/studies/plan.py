@@ -12,6 +12,7 @@ P90 TTFT at R0, then fewer attention workers). The workload helpers here are sha
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,7 +213,10 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     from asap.workload.presets import workload_requests
     pool = parse_slo(slo).apply(workload_requests(workload, num_requests * (CONFIRM if sustained else 1)))
     rule = dict(criterion="requests-sustained", longer=pool) if sustained else {}
+    from asap.studies.parallel import Progress
+    start = time.time()
     results = {engine: tune(pool[:num_requests], engine, devices, model, hardware, verbose=verbose,
-                            executor=executor, **rule)
+                            executor=executor, progress=Progress(f"tune {engine} x{devices}", start) if verbose
+                            else None, **rule)
                for engine in ("sync", "async")}
     return {"sync": results["sync"].best, "async": results["async"].best, "results": results}
