@@ -18,7 +18,7 @@ from asap.workload.slo import IdleMultiple, add_slo_flag, parse_slo
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
 
     asap plan --devices 32                                        # ~2 min on two cores shared with other jobs
-    asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned, ~20 min
+    asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned, ~36 min
     asap plan --devices 32 --tune my.csv --slo 2s+1ms/tok --num-requests 4000 --sustained   # the table's rule
 
 The row marked "analytic" is the split the cost model balances on paper (attention throughput =
