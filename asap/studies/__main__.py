@@ -162,7 +162,8 @@ def run_command(a) -> int:
 def _check_devices(counts: list[int]) -> None:
     """headline's device counts: each a cluster of >= 2 devices, each once."""
     if any(n < 2 for n in counts) or len(set(counts)) != len(counts):
-        raise ValueError(f"--devices takes distinct device counts >= 2 (one row each), got {' '.join(map(str, counts))}")
+        raise ValueError("--devices takes distinct device counts >= 2 (one row each), got "
+                         + " ".join(map(str, counts)))
 
 
 def _check_out_dir(out: str) -> None:
