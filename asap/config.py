@@ -35,6 +35,7 @@ class RuntimeConfig:
     expert_max_wait_ms: float = _f(20.0, "selector fullest: a layer whose oldest work has waited this long goes "
                                          "first (no layer starves)")
     aggregation_window_ms: float = _f(0.0, "expert side: wait up to this long to merge same-layer work")
+    expert_batch_tokens: int | None = _f(None, "async: most tokens an expert batch merges (default: 4 x token_budget)")
     redundant_experts: int = _f(0, "extra expert copies per layer, placed EPLB-style (needs (E + this) % workers == 0)")
     admission: str = _f("off", "SLO-aware admission: off, reject or demote requests predicted to miss their deadline")
     admission_slack: float = _f(2.0, "admission acts when the predicted finish passes slack x the TTFT budget")
@@ -88,6 +89,9 @@ class RuntimeConfig:
         from asap.scheduler.expert_select import SELECTORS
         if self.selector not in SELECTORS:
             raise ValueError(f"selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
+        cap = self.expert_batch_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"expert_batch_tokens must be an int >= 1 (unset: 4 x token_budget), got {cap!r}")
         if not self.expert_max_wait_ms >= 0:
             raise ValueError(f"expert_max_wait_ms must be >= 0, got {self.expert_max_wait_ms}")
         if self.dilation <= 0:
@@ -156,7 +160,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=help_text)
         else:
-            typ = {"int": int, "float": float, "str": str}.get(str(f.type), str)
+            typ = {"int": int, "float": float, "str": str}.get(str(f.type).removesuffix(" | None"), str)
             shown = "" if "default" in help_text.lower() else " (default: %(default)s)"     # never twice
             parser.add_argument(flag, type=typ, default=f.default, help=help_text + shown)
 

@@ -5,13 +5,15 @@ import shlex
 
 import pytest
 
-from asap.cli import build_parser
+from asap.cli import build_parser, main
 from asap.config import RuntimeConfig, config_from_args
 from asap.scheduler.expert_select import FullestLayer
 from asap.sim.from_runtime import engine_spec
 from asap.sim.run import get_model
+from asap.sim.spec import EngineSpec
 from asap.studies.deploy import deployments, serve_command
 from asap.studies.tune import EngineConfig, space
+from asap.workers.main import expert_selector
 
 MODEL = "deepseek-v3"
 HW = dict(compute="emulated", hardware="cloudmatrix384")     # attention TP > 1 runs emulated only
@@ -28,11 +30,6 @@ def _configs():
             EngineConfig("async", 1, 16384, attention_workers=17, selector="fullest", max_wait_s=0.005),
             EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, microbatches="adaptive")]
     return out
-
-
-# where the runtime and the tuner's spec differ by construction: the runtime caps an expert batch at a multiple
-# of its token budget (asap.pipeline.depth.expert_batch_cap), the tuner's spec at EngineSpec's default
-IGNORED = {"max_batch_tokens"}
 
 
 def test_runtime_is_the_simulated_engine():
@@ -59,8 +56,7 @@ def _check_runtime(c):
     if c.wide_replicas:             # the tuner leaves the narrow count to the spec; the runtime names it
         want = dataclasses.replace(want, attention_workers=got.attention_workers)
     for f in dataclasses.fields(got):
-        if f.name not in IGNORED:
-            assert getattr(got, f.name) == getattr(want, f.name), (c.describe(32), f.name)
+        assert getattr(got, f.name) == getattr(want, f.name), (c.describe(32), f.name)
 
 
 def test_serve_command_parses_back():
@@ -88,3 +84,33 @@ def test_real_compute_refuses_tensor_parallel_layouts():
         deployments(c, 32, EXPERTS)
     (d,) = deployments(EngineConfig("sync", 1, 4096), 32, EXPERTS)
     assert serve_command(MODEL, d) == f"asap serve {MODEL} --engine sync --devices 32 --token-budget 4096"
+
+
+def test_a_tuned_config_runs_with_the_expert_batch_cap_it_was_simulated_with():
+    c = EngineConfig("async", 1, 8192, attention_workers=16)      # 4 x 8K = 32K: the runtime's own rule
+    (d,) = deployments(c, 32, EXPERTS)
+    assert d.runtime.expert_batch_tokens == EngineSpec.max_batch_tokens == 65536
+    assert expert_selector(d.runtime).max_batch_tokens == 65536     # what the expert workers merge up to
+    argv = shlex.split(serve_command(MODEL, d))
+    assert argv[argv.index("--expert-batch-tokens") + 1] == "65536"
+    # 4 x 16K is the tuner's cap already: the runtime keeps its rule and the command stays short
+    (d,) = deployments(EngineConfig("async", 1, 16384, attention_workers=16), 32, EXPERTS)
+    assert d.runtime.expert_batch_tokens is None and "--expert-batch-tokens" not in serve_command(MODEL, d)
+    assert expert_selector(d.runtime).max_batch_tokens == 65536
+
+
+def test_the_expert_batch_cap_is_checked_and_is_a_serve_flag(capsys):
+    for bad in (0, -1, 2.5, "4096"):
+        with pytest.raises(ValueError, match="expert_batch_tokens"):
+            RuntimeConfig(expert_batch_tokens=bad)
+    assert main(["serve", MODEL, "--expert-batch-tokens", "0"]) == 2       # refused before any worker starts
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expert_batch_tokens must be an int >= 1" in err
+    args = build_parser().parse_args(["serve", MODEL, "--expert-batch-tokens", "32768", "--token-budget", "2048"])
+    rt = config_from_args(RuntimeConfig, args)
+    assert rt.expert_batch_tokens == 32768
+    assert expert_selector(rt).max_batch_tokens == engine_spec(rt, "async").max_batch_tokens == 32768
+    windowed = dataclasses.replace(rt, aggregation_window_ms=2.0)
+    assert expert_selector(windowed).max_batch_tokens == 32768
+    default = config_from_args(RuntimeConfig, build_parser().parse_args(["serve", MODEL, "--token-budget", "2048"]))
+    assert default.expert_batch_tokens is None and expert_selector(default).max_batch_tokens == 4 * 2048

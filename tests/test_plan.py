@@ -184,18 +184,25 @@ def test_plan_sustained_needs_tune(capsys):
     assert "--sustained is a rule of --tune's search" in capsys.readouterr().err
 
 
-def test_plan_tune_samples_as_many_requests_as_the_headline_by_default(monkeypatch):
-    import asap.studies.plan as plan
+def test_plan_tune_sizes_its_sample_as_the_headline_does(monkeypatch):
+    """Without --num-requests, --tune samples what asap sim headline samples for a row of that many devices
+    (asap.studies.sample_size); a given --num-requests is used as it is, and one below 2 is refused."""
+    import asap.studies.tune as tune_mod
+    from asap.studies.sample_size import sample_size
     from asap.studies.headline import NUM_REQUESTS
+    from asap.sim.cost import CostModel
+    from asap.sim.run import get_hardware, get_model
+    from asap.workload.presets import workload_requests
+    from asap.workload.slo import parse_slo
     seen = []
 
-    def stub(model, hardware, devices, workload, slo, num_requests, **kw):
-        seen.append(num_requests)
+    def stub(requests, engine, devices, model, hardware, **kw):
+        seen.append(len(requests))
         raise SystemExit(0)
-    monkeypatch.setattr(plan, "best_configs", stub)
-    for argv, want in (([], NUM_REQUESTS), (["--num-requests", "4000"], 4000)):
-        try:
+    monkeypatch.setattr(tune_mod, "tune", stub)
+    for argv in ([], ["--num-requests", "4000"]):
+        with pytest.raises(SystemExit):
             main(["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "2s+1ms/tok", *argv])
-        except SystemExit:
-            pass
-    assert seen == [NUM_REQUESTS, 4000]
+    slo, cost = parse_slo("2s+1ms/tok"), CostModel(get_model("deepseek-v3"), get_hardware("cloudmatrix384"))
+    auto = sample_size(lambda k: slo.apply(workload_requests("fixed-4k", k)), 32, cost, NUM_REQUESTS)
+    assert seen == [auto, 4000] and auto > NUM_REQUESTS

@@ -40,7 +40,6 @@ and with --leave-one-out all on minus one), and the sync baseline, at their SLO-
 
 
 PLAN_REQUESTS = 300          # the A:E plan's sample
-TUNE_REQUESTS = 1500         # --tune's, as asap sim headline's default (asap.studies.headline.NUM_REQUESTS)
 
 
 def register(sub):
@@ -116,8 +115,9 @@ def _workload_flags(p, workloads, num_requests: int, max_prompt):
                    help="arrival pattern (lengths from the Mooncake trace); rates are rescaled in the search")
     p.add_argument("--num-requests", type=int, default=num_requests,
                    help="the trace's first N requests" + ("" if num_requests is not None else
-                                                          f" (default {PLAN_REQUESTS}; --tune: {TUNE_REQUESTS}, "
-                                                          "the headline's; fixed prompts want 4000)"))
+                                                          f" (default {PLAN_REQUESTS}; --tune: as the headline "
+                                                          "sizes a row, enough for a steady state at the "
+                                                          "devices' work ceiling, at least 1500)"))
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the expert skew")
     add_slo_flag(p, "5x", relative=True, what=" (--tune: a time budget, not 5x)")
     p.add_argument("--max-prompt", type=int, default=max_prompt, help="clip prompt lengths")
@@ -128,10 +128,12 @@ def run_tune(args) -> int:
     from asap.studies.plan import best_configs
     if isinstance(parse_slo(args.slo, relative=True), IdleMultiple):
         raise ValueError("--tune judges both engines on a peer-style SLO: give --slo such as 5s or 2s+1ms/tok")
+    if args.num_requests is not None and args.num_requests < 2:
+        raise ValueError(f"--num-requests must be >= 2 (or left out: sized for the devices), got {args.num_requests}")
     from asap.studies import parallel
     with parallel.from_args(args) as executor:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
-                           TUNE_REQUESTS if args.num_requests is None else args.num_requests,
+                           args.num_requests,
                            verbose=True, executor=executor, sustained=args.sustained)
     for engine in ("sync", "async"):
         t = out["results"][engine]

@@ -12,12 +12,13 @@ rule; nothing else builds an AdaptiveDepth.
 Batch cap. An expert worker merges ready same-layer work up to
 `expert_batch_cap(token_budget)` = 4 replica steps' worth of tokens: enough to
 amortise the expert weight reads (each expert sees 4x the tokens of one step)
-while one batch never holds more than a few steps of latency. The runtime, and
-the simulator of a runtime (asap.sim.from_runtime), take the cap from here; the
-tuner's simulations use EngineSpec's fixed 65,536 (asap.sim.spec). The two
-differ below 16K budgets, where neither binds on the headline's configurations
-(2026-12-04: the 32-die conversation and fixed-4K async winners at 8K give the
-same attainment and P90 TTFT under both caps).
+while one batch never holds more than a few steps of latency. A runtime may set
+its own cap (RuntimeConfig.expert_batch_tokens); the runtime, and the simulator
+of a runtime (asap.sim.from_runtime), both take the cap from expert_batch_cap,
+so they agree. The tuner simulates EngineSpec's fixed 65,536 (asap.sim.spec);
+asap.studies.deploy hands that cap to the runtime where it differs from 4 x the
+budget (below and above 16K budgets), so a tuned configuration runs with the
+cap it was simulated with.
 """
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ MAX_ADAPTIVE_K = 4
 EXPERT_BATCH_STEPS = 4
 
 
-def expert_batch_cap(token_budget: int) -> int:
-    """Most tokens an expert batch merges (any number of items, one layer)."""
+def expert_batch_cap(token_budget: int, override: int | None = None) -> int:
+    """Most tokens an expert batch merges (any number of items, one layer): `override`
+    (RuntimeConfig.expert_batch_tokens) when set, else EXPERT_BATCH_STEPS steps of `token_budget`."""
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    return EXPERT_BATCH_STEPS * token_budget
+    return override if override is not None else EXPERT_BATCH_STEPS * token_budget
 
 
 class StepDepth:

@@ -18,7 +18,7 @@ from asap.sim.spec import EngineSpec
 HONOURED = frozenset({
     "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
     "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware", "colocated",
-    "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget"})
+    "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget", "expert_batch_tokens"})
 MECHANICS = frozenset({
     "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
     "master_port", "master_addr", "remote_experts", "heartbeat_interval_s", "heartbeat_timeout_s",
@@ -63,4 +63,4 @@ def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", device
                       microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                       window_s=runtime.aggregation_window_ms / 1000,
                       max_wait_s=runtime.expert_max_wait_s,
-                      max_batch_tokens=expert_batch_cap(runtime.token_budget), **common)
+                      max_batch_tokens=expert_batch_cap(runtime.token_budget, runtime.expert_batch_tokens), **common)

@@ -61,16 +61,18 @@ def add_commands(sub, extra=()) -> None:
                                    "candidate configuration gets a rate search) and report each one's highest "
                                    "SLO-compliant rate and their ratio; writes headline.json and headline.png "
                                    "into --out, and headline.partial.json after each row (see --resume). Run "
-                                   "time on two cores with --jobs 2: the conversation row at 32 dies took 20 minutes, "
-                                   "the 64- and 128-die rows resumed from it (--resume, --num-requests 6000) 18 "
-                                   "minutes together, so the default grid of 12 rows takes hours. Start with one "
-                                   "row: --workloads conversation --devices 32.")
+                                   "time on two cores with --jobs 2: the conversation row at 32 dies took 20 "
+                                   "minutes, the 64- and 128-die rows resumed from it (--resume) 18 minutes "
+                                   "together, so the default grid of 12 rows takes hours. Start with one row: "
+                                   "--workloads conversation --devices 32.")
     h.add_argument("--devices", type=int, nargs="+", default=[32, 64, 128, 384],
                    help="device counts, one row each (later rows start their search from the row before)")
     h.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
                    help="names of asap.workload.presets or Mooncake .jsonl / Azure .csv paths")
-    h.add_argument("--num-requests", type=int, default=NUM_REQUESTS,
-                   help="requests available per workload (each search uses as few as the burst rule allows)")
+    h.add_argument("--num-requests", type=int, default=None,
+                   help="requests each row samples (each search uses as few as the burst rule allows); default: "
+                        f"per row, enough for a steady state at its devices' work ceiling, at least {NUM_REQUESTS} "
+                        "(fixed 4K prompts: 3,000 at 32 dies, 11,500 at 128; conversation: 1,500 at 32, 9,500 at 384)")
     h.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
     h.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
     add_slo_flag(h, DEFAULT_SLO)
@@ -139,6 +141,8 @@ def run_command(a) -> int:
         else:
             _check_devices(a.devices)
             _check_out_dir(a.out)
+            if a.num_requests is not None and a.num_requests < 2:
+                raise ValueError(f"--num-requests must be >= 2 (or left out: sized per row), got {a.num_requests}")
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,

@@ -13,6 +13,8 @@ import shlex
 from dataclasses import dataclass
 
 from asap.config import RuntimeConfig
+from asap.pipeline.depth import expert_batch_cap
+from asap.sim.spec import EngineSpec
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,15 @@ def runtime_config(c, devices: int, num_experts: int, **settings) -> RuntimeConf
                  wide_token_budget=c.wide_token_budget or 0) if c.wide_replicas else {}
     narrow = (devices - c.wide_replicas * c.wide_tp) // c.attention_tp if c.wide_replicas else c.attention_workers
     wait = {} if c.max_wait_s is None else {"expert_max_wait_ms": c.max_wait_s * 1e3}
+    # the expert batch cap the tuner simulated (EngineConfig leaves EngineSpec's), named only where the runtime's
+    # own rule (4 x the budget) gives another
+    cap = EngineSpec.max_batch_tokens
+    batch = {} if cap == expert_batch_cap(c.token_budget) else {"expert_batch_tokens": cap}
     return RuntimeConfig(attention_workers=narrow, expert_workers=workers,
                          devices=devices if c.colocated else c.attention_workers * c.attention_tp + workers,
                          microbatches=2 if adaptive else int(c.microbatches), adaptive_depth=adaptive,
                          colocated=c.colocated, aggregation_window_ms=c.window_s * 1e3, selector=c.selector,
-                         **fleet, **wait, **common)
+                         **fleet, **wait, **batch, **common)
 
 
 def deployments(c, devices: int, num_experts: int, **settings) -> list[Deployment]:
@@ -76,8 +82,9 @@ def deployments(c, devices: int, num_experts: int, **settings) -> list[Deploymen
 
 # the fields `serve_command` prints: the layout and scheduling (the rest are mechanics the user picks)
 _LAYOUT = ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
-           "adaptive_depth", "router", "selector", "expert_max_wait_ms", "aggregation_window_ms", "redundant_experts",
-           "colocated", "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget", "compute", "hardware")
+           "adaptive_depth", "router", "selector", "expert_max_wait_ms", "aggregation_window_ms", "expert_batch_tokens",
+           "redundant_experts", "colocated", "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget",
+           "compute", "hardware")
 
 
 def serve_command(model: str, d: Deployment) -> str:

@@ -29,8 +29,10 @@ from asap.studies.code_version import fingerprint
 from asap.studies.experiments import at_rate
 from asap.sim.memory import check_memory, min_expert_workers
 from asap.studies.parallel import Progress, Serial
+from asap.sim.cost import CostModel
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
+from asap.studies.sample_size import requests_needed, sample_size
 from asap.studies.tune import CONFIRM, CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, pass_values, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
@@ -38,7 +40,7 @@ from asap.workload.slo import parse_slo
 LABEL = "SIMULATED"
 WORKLOADS = ("conversation", "synthetic", "fixed-4k")
 DEFAULT_SLO = "2s+1ms/tok"
-NUM_REQUESTS = 1500            # requests available per workload (each search uses as few as the burst rule allows)
+NUM_REQUESTS = 1500            # the least requests a row samples (each search uses as few as the burst rule allows)
 TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target (the row is tuned at 0.9)
 # the rule a --sustained headline records (a resume across rules is refused); runs of 2026-12-03 recorded
 # SUSTAIN_RULE alone, before tune confirmed each maximum on a longer sample
@@ -103,13 +105,15 @@ def buckets_at(requests, c: EngineConfig, devices: int, model, hardware, rate: f
 
 def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
                  slo_scales=(0.5, 1.0, 2.0), model="deepseek-v3", hardware="cloudmatrix384",
-                 num_requests: int = NUM_REQUESTS, out_dir: "str | Path | None" = "out/sim_headline",
+                 num_requests: int | None = None, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None,
                  fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
+    num_requests: the requests each row samples; None: per row, as many as a steady state at the work ceiling
+    of its devices needs and at least NUM_REQUESTS (asap.studies.sample_size), so a larger row gets more.
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
@@ -124,11 +128,19 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     main, per_bucket = ("requests-sustained", "every-bucket-sustained") if sustained else ("requests", "every-bucket")
+    if num_requests is not None and num_requests < 2:
+        raise ValueError(f"num_requests must be >= 2, got {num_requests}")
+    cost = CostModel(get_model(model), get_hardware(hardware))
     rows = []
     for wl in workloads:
-        base = workload_requests(wl, num_requests * (CONFIRM if sustained else 1))
-        pool = base_slo.apply(base)             # the requests a maximum is confirmed on (sustained)
-        reqs = pool[:num_requests]              # the requests the searches use
+        def sample(devices: int, wl=wl) -> tuple[int, list, list, list]:
+            """(n, base, pool, reqs): the row's requests without deadlines (base), with them (pool: a maximum
+            is confirmed on these, sustained) and the n its searches use (reqs)."""
+            n = num_requests if num_requests is not None else \
+                sample_size(lambda k: base_slo.apply(workload_requests(wl, k)), devices, cost, NUM_REQUESTS)
+            base = workload_requests(wl, n * (CONFIRM if sustained else 1))
+            pool = base_slo.apply(base)
+            return n, base, pool, pool[:n]
         prev: dict[str, list[EngineConfig]] = {}
         prev_devices = None
         if resume is not None:
@@ -149,8 +161,17 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             raise ValueError(f"resume: workload {wl!r} already has rows up to {prev_devices} devices; "
                              f"ask for more devices than that (--devices)")
         for devices in todo:
-            row = {"workload": str(wl), "devices": devices}
+            n, base, pool, reqs = sample(devices)
+            row = {"workload": str(wl), "devices": devices, "requests_available": n}
             progress = Progress(f"headline {wl} x{devices}", t_wall) if verbose else None
+            need = requests_needed(reqs, devices, cost)
+            if verbose and num_requests is None:
+                print(f"[{LABEL}] headline {wl} x{devices}: {n} requests (enough for a steady state at this size's "
+                      f"work ceiling, at least {NUM_REQUESTS}; --num-requests sets it)", flush=True)
+            elif verbose and need > n:
+                print(f"[{LABEL}] headline {wl} x{devices}: {n} requests may be too few: a steady state at this "
+                      f"size's work ceiling needs about {need} (searches that pass at the sample's burst limit "
+                      f"end with 'use more requests'); leave --num-requests out to size each row", flush=True)
             t_row = time.perf_counter()
             searches = []
             for engine in ("sync", "async"):
@@ -220,7 +241,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
         write_headline(out, out_dir)
-        _write_traces(rows[0], base_slo, workloads[0], num_requests, model, hardware, out_dir, trace_s)
+        _write_traces(rows[0], base_slo, workloads[0], rows[0].get("requests_available", num_requests or NUM_REQUESTS),
+                      model, hardware, out_dir, trace_s)
     return out
 
 

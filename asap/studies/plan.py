@@ -198,12 +198,13 @@ def format_plan(p: Plan) -> str:
 
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
-                 slo="2s+1ms/tok", num_requests: int = 600, verbose: bool = False, executor=None,
+                 slo="2s+1ms/tok", num_requests: int | None = None, verbose: bool = False, executor=None,
                  sustained: bool = False) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
-    workload: a name of asap.workload.presets or a trace path; slo: an asap.workload.slo spec.
+    workload: a name of asap.workload.presets or a trace path; slo: an asap.workload.slo spec; num_requests: the
+    sample (None: as asap sim headline sizes a row, asap.studies.sample_size).
     EngineConfig.spec() gives the engine asap.sim.run.run simulates; None where no candidate has a valid rate
     (Tuned.reason says why). executor (asap.studies.parallel): where the simulations run (default: one after
     another); the results are the same for any. sustained: the headline's --sustained rule (a rate passes only
@@ -211,7 +212,14 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     confirmed on CONFIRM x the requests its search used)."""
     from asap.studies.tune import CONFIRM, tune
     from asap.workload.presets import workload_requests
-    pool = parse_slo(slo).apply(workload_requests(workload, num_requests * (CONFIRM if sustained else 1)))
+    from asap.studies.headline import NUM_REQUESTS
+    from asap.studies.sample_size import sample_size
+    rule_slo = parse_slo(slo)
+    if num_requests is None:
+        cost = CostModel(get_model(model), get_hardware(hardware))
+        num_requests = sample_size(lambda k: rule_slo.apply(workload_requests(workload, k)), devices, cost,
+                                   NUM_REQUESTS)
+    pool = rule_slo.apply(workload_requests(workload, num_requests * (CONFIRM if sustained else 1)))
     rule = dict(criterion="requests-sustained", longer=pool) if sustained else {}
     from asap.studies.parallel import Progress
     start = time.time()

@@ -120,6 +120,15 @@ def _compute(spec: WorkerSpec, attention: bool):
     return RealCompute(spec.model_dir, spec.expert_ids, attention, getattr(torch, spec.dtype), spec.device), None
 
 
+def expert_selector(rt: RuntimeConfig):
+    """An async expert worker's selector, built from the fields asap.sim.from_runtime gives the simulator."""
+    from asap.pipeline.depth import expert_batch_cap
+    from asap.scheduler.expert_select import AggregationWindow, make_selector
+    sel = make_selector(rt.selector, max_batch_tokens=expert_batch_cap(rt.token_budget, rt.expert_batch_tokens),
+                        max_wait_s=rt.expert_max_wait_s)
+    return AggregationWindow(sel, rt.aggregation_window_ms / 1000) if rt.aggregation_window_ms > 0 else sel
+
+
 def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
     _die_with_parent()
     # Ctrl-C or a SIGTERM sent to the whole process group is the engine's to handle (drain, then stop us).
@@ -160,14 +169,8 @@ def worker_main(spec: WorkerSpec, control, results, stop, heartbeat=None):
             from asap.workers.async_loop import attention_loop
             attention_loop(ctx, replica(), transport, dest, rt.microbatches, rt.adaptive_depth, emulation)
         elif spec.role == "expert":
-            from asap.scheduler.expert_select import AggregationWindow, make_selector
-            from asap.pipeline.depth import expert_batch_cap
             from asap.workers.async_loop import expert_loop
-            sel = make_selector(rt.selector, max_batch_tokens=expert_batch_cap(rt.token_budget),   # as the simulator
-                                max_wait_s=rt.expert_max_wait_s)
-            if rt.aggregation_window_ms > 0:
-                sel = AggregationWindow(sel, rt.aggregation_window_ms / 1000)
-            expert_loop(ctx, compute, transport, sel, emulation)
+            expert_loop(ctx, compute, transport, expert_selector(rt), emulation)
         else:
             from asap.workers.sync_loop import rank_loop
             rank_loop(ctx, replica(), compute, transport, dest, tbo=rt.microbatches > 1, emulation=emulation)
