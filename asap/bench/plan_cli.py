@@ -19,7 +19,7 @@ PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers
 
     asap plan --devices 32                                        # ~2 min on two cores shared with other jobs
     asap plan --devices 32 --tune conversation --slo 2s+1ms/tok   # both engines best-tuned, ~36 min
-    asap plan --devices 32 --tune my.csv --slo 2s+1ms/tok --num-requests 4000 --sustained   # the table's rule
+    asap plan --devices 32 --tune my.csv --slo 2s+1ms/tok --sustained   # the table's rule
 
 The row marked "analytic" is the split the cost model balances on paper (attention throughput =
 expert throughput); its SLO-compliant rate is the reference at which every feasible split (E large
