@@ -73,10 +73,10 @@ def main(argv=None) -> int:
             q = run(poisson, devices=a.devices, **cfg, **v)
             s = summarize(q.results)
             batch = q.stats.get("mean_expert_batch_tokens")
+            batches = f", mean expert batch {batch / 1e3:.1f}K tokens" if batch else ""
             print(f"[{LABEL}]   {name:<46} burst of {a.burst}: {makespan:7.2f} s ({base / makespan:.3f}x sync's "
                   f"throughput); Poisson {a.rate:g} req/s: {s['slo_attainment']:.1%} within SLO, P90 TTFT "
-                  f"{s['ttft_p90_ms'] / 1e3:.2f} s" + (f", mean expert batch {batch / 1e3:.1f}K tokens" if batch else ""),
-                  flush=True)
+                  f"{s['ttft_p90_ms'] / 1e3:.2f} s{batches}", flush=True)
     return 0
 
 

@@ -241,8 +241,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
         write_headline(out, out_dir)
-        _write_traces(rows[0], base_slo, workloads[0], rows[0].get("requests_available", num_requests or NUM_REQUESTS),
-                      model, hardware, out_dir, trace_s)
+        _write_traces(rows[0], base_slo, workloads[0],  # a resumed first row may lack requests_available
+                      rows[0].get("requests_available", num_requests or NUM_REQUESTS), model, hardware, out_dir,
+                      trace_s)
     return out
 
 
