@@ -72,3 +72,16 @@ def test_headline_sizes_each_row_and_warns_when_a_given_size_is_short(monkeypatc
         run_headline((128,), ("fixed-4k",), num_requests=2000, out_dir=None)
     assert seen == [(128, 2000)]
     assert "2000 requests may be too few" in capsys.readouterr().out
+
+
+def test_a_size_stops_at_the_most_a_row_samples():
+    """64-token prompts at 384 dies would need ~1M requests; the size stops at MAX_REQUESTS (the headline then
+    warns), and a smaller `most` is honoured."""
+    from asap.scheduler.request import Request
+    from asap.studies.sample_size import MAX_REQUESTS
+    tiny = lambda n: SLO.apply([Request(i, 64, i * 1e-3) for i in range(n)])      # noqa: E731
+    assert requests_needed(tiny(100), 384, COST) > MAX_REQUESTS
+    assert sample_size(tiny, 384, COST, NUM_REQUESTS) == MAX_REQUESTS
+    assert sample_size(tiny, 384, COST, NUM_REQUESTS, most=5000) == 5000
+    with pytest.raises(ValueError, match="floor"):
+        sample_size(tiny, 384, COST, 6000, most=5000)

@@ -32,7 +32,7 @@ from asap.studies.parallel import Progress, Serial
 from asap.sim.cost import CostModel
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
-from asap.studies.sample_size import requests_needed, sample_size
+from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
 from asap.studies.tune import CONFIRM, CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, pass_values, space, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
@@ -165,13 +165,15 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             row = {"workload": str(wl), "devices": devices, "requests_available": n}
             progress = Progress(f"headline {wl} x{devices}", t_wall) if verbose else None
             need = requests_needed(reqs, devices, cost)
-            if verbose and num_requests is None:
+            if verbose and num_requests is None and need <= n:
                 print(f"[{LABEL}] headline {wl} x{devices}: {n} requests (enough for a steady state at this size's "
                       f"work ceiling, at least {NUM_REQUESTS}; --num-requests sets it)", flush=True)
             elif verbose and need > n:
                 print(f"[{LABEL}] headline {wl} x{devices}: {n} requests may be too few: a steady state at this "
                       f"size's work ceiling needs about {need} (searches that pass at the sample's burst limit "
-                      f"end with 'use more requests'); leave --num-requests out to size each row", flush=True)
+                      f"end with 'use more requests'); " + ("leave --num-requests out to size each row"
+                      if num_requests is not None else f"{MAX_REQUESTS} is the most a row samples unless "
+                      f"--num-requests says more"), flush=True)
             t_row = time.perf_counter()
             searches = []
             for engine in ("sync", "async"):
