@@ -250,11 +250,16 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
 
 
 def _ranked(candidates: list[dict]) -> list[dict]:
-    """A tune's table rows that found a rate, best first: by the confirmed maximum where tune confirmed one
-    (--sustained; a failed confirmation ranks last), else by the fine, else the coarse search's rate."""
-    def rate(c):
-        return (c["sustained_rate"] or 0.0) if "sustained_rate" in c else (c["fine_rate"] or c["coarse_rate"])
-    return sorted((c for c in candidates if c["fine_rate"] or c["coarse_rate"]), key=lambda c: -rate(c))
+    """A tune's table rows that found a rate, best first: candidates whose maximum tune confirmed (--sustained)
+    by that maximum, then those only fine-searched by the fine rate, then those only coarse-searched by the
+    coarse rate, then failed confirmations. Tiers, not one scale: a coarse or unconfirmed rate is looser than
+    a confirmed one, and ranking them together let an unconfirmed runner-up displace the tune's best as the
+    configuration a larger row starts from."""
+    def key(c):
+        if "sustained_rate" in c:
+            return (0, -c["sustained_rate"]) if c["sustained_rate"] else (3, -(c["fine_rate"] or c["coarse_rate"]))
+        return (1, -c["fine_rate"]) if c["fine_rate"] else (2, -c["coarse_rate"])
+    return sorted((c for c in candidates if c["fine_rate"] or c["coarse_rate"]), key=key)
 
 
 def _tune_engine(job: tuple) -> tuple:
