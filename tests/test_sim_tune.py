@@ -218,3 +218,42 @@ def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_
     assert none.best is None and "no refined maximum is sustained on" in none.reason
     with pytest.raises(ValueError, match="continue"):
         tune(short, "sync", 8, candidates=cands, criterion="requests-sustained", longer=short[:50], **SMALL)
+
+
+def test_vet_promotes_a_candidate_the_short_screen_ranks_below_the_finalists(monkeypatch):
+    """The conversation trace's case at 32 dies, in miniature: three candidates pass the most on the screen's
+    short samples but sustain little on a longer one (a queue that grows slowly), and the one that sustains
+    the most ranks fourth there. Without vet the finalists are the three and the best confirmed is one of
+    them; with vet the screen's leaders are re-ranked on the confirmation sample, the fourth reaches the
+    finalists and wins. The rule is the engine-neutral one: the same call for either engine."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
+    short, longer = reqs[:2001], reqs
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    served = {c: (1.0 + 0.05 * i, 1.0 + 0.05 * i) for i, c in enumerate(cands)}   # (on <= 62 requests, on more)
+    growers, steady = cands[-3:], cands[-4]
+    for c in growers:
+        served[c] = (served[c][0] + 0.6, 1.2)          # 2.1-2.2 req/s on the short samples, 1.2 sustained
+    served[steady] = (1.75, 1.75)                      # fourth on the short samples, the best sustained
+
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances,
+                         two_batch_overlap=spec.two_batch_overlap, router=spec.router)
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[c][len(requests) > 62] * (1 + 1e-9)     # the screen and searches sample 62
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    kw = dict(candidates=cands, criterion="requests-sustained", longer=longer, screen=True, **SMALL)
+    plain = tune(short, "sync", 8, **kw)
+    assert plain.best in growers and plain.max_slo_rate <= 1.2
+    t = tune(short, "sync", 8, vet=True, **kw)
+    assert t.best == steady and 1.66 <= t.max_slo_rate <= 1.75
+    vetted = [c for c in t.candidates if "vet_rate" in c]
+    assert vetted and all(c["vet_rate"] is not None for c in vetted)
+    assert tune(short, "sync", 8, vet=True, **dict(kw, criterion="requests")) == \
+        tune(short, "sync", 8, **dict(kw, criterion="requests"))      # vet applies to "-sustained" criteria only

@@ -93,6 +93,11 @@ def add_commands(sub, extra=()) -> None:
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
                         "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
+    h.add_argument("--vet", action="store_true",
+                   help="with --sustained: re-rank the screen's leading candidates on the longer sample each "
+                        "maximum is confirmed on, before choosing the finalists, and confirm every finalist (the "
+                        "short screen can rank a fleet whose long-prompt queue grows slowly first); the same for "
+                        "both engines; off by default, which keeps the stored results' rule")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     parallel.add_arguments(h)
@@ -141,13 +146,15 @@ def run_command(a) -> int:
         else:
             _check_devices(a.devices)
             _check_out_dir(a.out)
+            if a.vet and not a.sustained:
+                raise ValueError("--vet re-ranks on the sample --sustained confirms on: give --sustained too")
             if a.num_requests is not None and a.num_requests < 2:
                 raise ValueError(f"--num-requests must be >= 2 (or left out: sized per row), got {a.num_requests}")
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
                              a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
-                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained)
+                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=a.vet)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

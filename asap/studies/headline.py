@@ -45,6 +45,7 @@ TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target
 # the rule a --sustained headline records (a resume across rules is refused); runs of 2026-12-03 recorded
 # SUSTAIN_RULE alone, before tune confirmed each maximum on a longer sample
 SUSTAINED = f"{SUSTAIN_RULE}; each maximum confirmed on {CONFIRM}x its requests"
+VETTED = "; the screen's leaders re-ranked on that sample, every finalist confirmed"     # --vet (tune's vet)
 
 
 def replicate(c: EngineConfig, devices: int, from_devices: int) -> EngineConfig | None:
@@ -108,7 +109,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  num_requests: int | None = None, out_dir: "str | Path | None" = "out/sim_headline",
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None,
-                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False) -> dict:
+                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False,
+                 vet: bool = False) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
@@ -122,7 +124,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
     criteria), so no rate passes on a queue that grows; each workload is then read for CONFIRM x num_requests
     requests, and tune confirms every refined maximum on CONFIRM x the requests its search used (a queue that
-    grows slower than the sample shows there); the skeptic's views of a row use the longer sample too."""
+    grows slower than the sample shows there); the skeptic's views of a row use the longer sample too.
+    vet (with sustained): each tune re-ranks its screen's leaders on that longer sample before choosing its
+    finalists, and confirms every finalist (asap.studies.tune.tune's vet); recorded in the rule."""
+    if vet and not sustained:
+        raise ValueError("vet re-ranks on the sample a sustained headline confirms on: set sustained too")
     if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
         raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
     t_start, t_wall = time.perf_counter(), time.time()
@@ -145,9 +151,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev_devices = None
         if resume is not None:
             if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
-                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != (SUSTAINED if sustained else False):
+                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != _rule(sustained, vet):
                 raise ValueError("resume: the earlier headline has another model, hardware, SLO, prefix cache or "
-                                 "sustain rule (--sustained)")
+                                 "sustain rule (--sustained, --vet)")
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -189,7 +195,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
                 searches.append(dict(candidates=cands, start_rate=hint, refine=REFINE if prev_devices is None else 1,
                                      prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions,
-                                     criterion=main))
+                                     criterion=main, vet=vet))
             # A row's first device count searches the whole space: its screens run side by side within each
             # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
             side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
@@ -235,10 +241,10 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
                                 prefix_cache=prefix_cache, num_requests=num_requests,
-                                fleet_fractions=fleet_fractions, sustained=sustained)
+                                fleet_fractions=fleet_fractions, sustained=sustained, vet=vet)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
     out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
-                   num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained)
+                   num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained, vet=vet)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -275,14 +281,19 @@ def _tune_engine(job: tuple) -> tuple:
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
              prefix_cache: bool = False, num_requests: int | None = None,
-             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False) -> dict:
+             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False, vet: bool = False) -> dict:
     """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
-            "fleet_fractions": list(fleet_fractions), "sustained": SUSTAINED if sustained else False}
+            "fleet_fractions": list(fleet_fractions), "sustained": _rule(sustained, vet)}
+
+
+def _rule(sustained: bool, vet: bool) -> str | bool:
+    """The search rule a headline records (its "sustained" field): False for the default rule."""
+    return SUSTAINED + (VETTED if vet else "") if sustained else False
 
 
 def _rate_at_task(job: tuple) -> dict:

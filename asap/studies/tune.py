@@ -332,7 +332,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
          start_rate: float | None = None, refine: int = REFINE, verbose: bool = False,
          prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
          cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None,
-         fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, longer: list[Request] | None = None) -> Tuned:
+         fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, longer: list[Request] | None = None,
+         vet: bool = False) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
@@ -345,7 +346,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.tune.space).
     longer: the same workload continued (more requests, the first len(requests) of them `requests`); under a
     "-sustained" criterion each refined maximum found on n requests is confirmed on its first CONFIRM x n
-    (`_confirm`), and the best confirmed one wins. Ignored under the other criteria."""
+    (`_confirm`), and the best confirmed one wins. Ignored under the other criteria.
+    vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
+    sample before the finalists are chosen (`_vet`), and every finalist gets a fine search and a confirmation:
+    the short screen can rank a candidate whose queue grows slowly above one that sustains more."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     key = CRITERIA[criterion]
@@ -367,7 +371,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     ex = executor or Serial()
 
     def task(c: EngineConfig, n: int, rate: float) -> tuple:
-        return (requests[:n], rate, engine, model, hardware, devices, c, zipf, progress)
+        return ((longer if n > len(requests) else requests)[:n], rate, engine, model, hardware, devices, c, zipf,
+                progress)
 
     def measure_for(c: EngineConfig, n: int):
         def measure(rate: float) -> dict:
@@ -407,6 +412,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                 more = [dataclasses.replace(v, prefix_cache=True) for v in more]
             screened.update(_screen(more, measure_for, burst_of, len(requests), start, target, key, prefetch))
             screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
+        if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample; all finalists refined
+            m = min(len(longer), CONFIRM * max(s["n"] for s in screened.values()))
+            screened = _vet(screened, measure_for, m, target, key, prefetch)
+            refine = max(refine, FINALISTS)
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
         start = max(passed) if passed else start
@@ -620,10 +629,49 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
     return dict(sorted(out.items(), key=lambda kv: kv[1]["score"], reverse=True))
 
 
+VET_MOST, VET_DEPTH = 32, 2    # the screen's leaders re-ranked on the confirmation sample; bisection steps
+
+
+def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=None) -> dict:
+    """The screen re-ranked on m requests (measure_for(c, m): the confirmation sample), for a "-sustained"
+    criterion.
+
+    The screen ranks on a short sample, where a rate at which a queue grows slowly (a length-aware fleet's
+    long prompts on too few devices) still passes: on the conversation trace at 32 dies it put a half-wide
+    async fleet (2.46 req/s sustained on 1,500 requests) far above a 5/8-wide one (2.74). So the leaders, the
+    candidates that passed at least 1/SCREEN_STEP of the highest rate screened (at most VET_MOST, in screen
+    order), are each bisected VET_DEPTH times between that rate and the highest, on the longer sample, and
+    ranked first by the highest rate of that grid they pass, then by their value at the rate above it; the
+    rest follow in screen order. The same rule for both engines."""
+    passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
+    if not passed:
+        return screened
+    hi = max(passed)
+    lo = hi / SCREEN_STEP
+    leaders = [c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST]
+    bounds = {c: (lo, hi) for c in leaders}          # each leader's maximum lies in [lo, hi) as far as known
+    value = {c: 0.0 for c in leaders}                # its value at its upper bound's rate, once simulated
+    for _ in range(VET_DEPTH):
+        mids = {c: math.sqrt(a * b) for c, (a, b) in bounds.items()}
+        if prefetch is not None:
+            prefetch([(c, m, r) for c, r in mids.items()])
+        for c, r in mids.items():
+            v = measure_for(c, m)(r)[key]
+            if v >= target:
+                bounds[c] = (r, bounds[c][1])
+            else:
+                bounds[c], value[c] = (bounds[c][0], r), v
+    order = sorted(leaders, key=lambda c: (bounds[c][0], value[c]), reverse=True)
+    for c in leaders:
+        screened[c] = dict(screened[c], vet_rate=bounds[c][0], vet_requests=m)
+    return {c: screened[c] for c in order} | {c: s for c, s in screened.items() if c not in bounds}
+
+
 def _screen_cols(sc: dict | None) -> dict:
     if sc is None:
         return {"screen_rate": None, "screen_attainment": None, "screen_passed_rate": None}
-    return {"screen_rate": sc["rate"], "screen_attainment": sc["attainment"], "screen_passed_rate": sc["passed_rate"]}
+    return {"screen_rate": sc["rate"], "screen_attainment": sc["attainment"], "screen_passed_rate": sc["passed_rate"],
+            **({"vet_rate": sc["vet_rate"]} if "vet_rate" in sc else {})}
 
 
 def _closed_batch_rate(requests, engine, devices, model, hardware, c: EngineConfig, zipf: float) -> float:
