@@ -34,16 +34,21 @@ def main(argv=None) -> int:
     p.add_argument("--fleet-fractions", type=float, nargs="+", default=list(FLEET_FRACTIONS))
     p.add_argument("--criterion", default="requests-sustained",
                    choices=["requests", "every-bucket", "requests-sustained", "every-bucket-sustained"])
+    p.add_argument("--vet", action="store_true",
+                   help="with a -sustained criterion: re-rank the screen's leaders on the confirmation sample "
+                        "(asap sim headline --vet)")
     p.add_argument("--out", required=True, help="a JSON file for the table")
     a = p.parse_args(argv)
     if a.num_requests < 2:
         p.error(f"--num-requests must be >= 2, got {a.num_requests}")
     sustained = a.criterion.endswith("-sustained")
+    if a.vet and not sustained:
+        p.error("--vet re-ranks on the sample a -sustained criterion confirms on: pick one")
     pool = parse_slo(a.slo).apply(workload_requests(a.workload, a.num_requests * (CONFIRM if sustained else 1)))
     t0 = time.time()
     t = tune(pool[:a.num_requests], a.engine, a.devices, criterion=a.criterion,
              fleet_fractions=tuple(a.fleet_fractions), longer=pool if sustained else None,
-             progress=Progress(f"tune {a.engine} x{a.devices}", t0))
+             progress=Progress(f"tune {a.engine} x{a.devices}", t0), vet=a.vet)
     print(f"[SIMULATED] {a.engine} x{a.devices} on {a.workload}: "
           + (f"{t.best.describe(a.devices)}: {t.max_slo_rate:.4g} req/s on {t.num_requests} requests"
              + (f" (search {t.search_rate:.4g})" if t.search_rate else "") if t.best else f"no result: {t.reason}")

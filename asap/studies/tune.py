@@ -34,6 +34,10 @@ group's, or everyone's) does not pass. A queue that grows slower than the sample
 it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
 on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
+With `vet` (off by default; `asap sim headline --vet`), the screen's leaders are first re-ranked on that
+longer sample (`_vet`) and every finalist is refined and confirmed: the screen's short sample can rank a
+candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
+above one that sustains more, which the confirmation of the finalists alone cannot undo.
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
