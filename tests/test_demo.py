@@ -43,10 +43,16 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
                      "sync": engine("sync", 1.5), "async": engine("async", 2.0)}]}
     for change, why in (({"code_fingerprint": "0" * 12}, "other simulation code"), ({"slo": "5s"}, "demo's case"),
                         ({"rows": []}, "no conversation row"), ({"sustained": False}, "another search rule"),
-                        ({"fleet_fractions": [0.5]}, "wide shares")):
+                        ({"fleet_fractions": [0.5]}, "wide shares"), ({"num_requests": 3000}, "sampled 3000"),
+                        ({"num_requests": None}, "sampled None")):       # sized per row, and the row does not say
         (tmp_path / "h.json").write_text(json.dumps({**doc, **change}))
         assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 2
         assert why in capsys.readouterr().err and not table.exists()
+    sized = {**doc, "num_requests": None, "rows": [{**doc["rows"][0], "requests_available": 1500}]}
+    (tmp_path / "h.json").write_text(json.dumps(sized))     # a headline that sized its row's sample: 1,500 here
+    assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 0
+    assert "/vet" in headline_key(FULL) and "re-ranked" in tuning.headline_rule(FULL)
+    table.unlink()
     (tmp_path / "h.json").write_text(json.dumps(doc))
     assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 0
     entry = json.loads(table.read_text())[headline_key(FULL)]

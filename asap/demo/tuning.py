@@ -50,13 +50,14 @@ def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
 
 def headline_key(s: DemoSettings) -> str:
     return (f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
-            f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else ""))
+            f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else "")
+            + ("/vet" if s.sim_vet else ""))
 
 
 def headline_rule(s: DemoSettings) -> str | bool:
     """What `asap sim headline` records as its search rule ("sustained" in its JSON) for the demo's case."""
-    from asap.studies.headline import SUSTAINED
-    return SUSTAINED if s.sim_sustained else False
+    from asap.studies.headline import SUSTAINED, VETTED
+    return SUSTAINED + (VETTED if s.sim_vet else "") if s.sim_sustained else False
 
 
 def worker_processes(c, devices: int) -> int:
@@ -150,13 +151,13 @@ def headline_entry(row: dict, code: str, tune_s: float | None = None, rule: str 
 def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
     """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
     {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0 --fleet-fractions {s.sim_fleet_fractions}`,
-    with --sustained where s.sim_sustained)."""
+    with --sustained where s.sim_sustained and --vet where s.sim_vet)."""
     from asap.studies.headline import run_headline
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
                        model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
                        verbose=progress, executor=executor, fleet_fractions=s.sim_fleet_fractions,
-                       sustained=s.sim_sustained)
+                       sustained=s.sim_sustained, vet=s.sim_vet)
     return headline_entry(out["rows"][0], code, time.monotonic() - t0, out["sustained"])
 
 
@@ -170,19 +171,22 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     if not is_current(doc.get("code_fingerprint")):
         raise ValueError(f"{path}: the headline ran on other simulation code (fingerprint "
                          f"{doc.get('code_fingerprint')}, this checkout {fingerprint()}); rerun it")
-    if doc.get("num_requests", HEADLINE_REQUESTS) != HEADLINE_REQUESTS:
-        raise ValueError(f"{path}: the headline sampled {doc['num_requests']} requests, the demo's entry "
-                         f"{HEADLINE_REQUESTS}")
     if doc.get("sustained", False) != headline_rule(s):
         raise ValueError(f"{path}: the headline ran under another search rule (sustained: {doc.get('sustained')!r}); "
                          f"the demo's case wants {headline_rule(s)!r} (asap sim headline "
-                         f"{'--sustained' if s.sim_sustained else 'without --sustained'})")
+                         f"{'--sustained' if s.sim_sustained else 'without --sustained'}"
+                         f"{' --vet' if s.sim_vet else ''})")
     if tuple(doc.get("fleet_fractions", (0.5,))) != tuple(s.sim_fleet_fractions):
         raise ValueError(f"{path}: the headline's fleets tried wide shares {doc.get('fleet_fractions', [0.5])}, the "
                          f"demo's case {list(s.sim_fleet_fractions)} (--fleet-fractions)")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
     if not rows:
         raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")
+    # a headline without --num-requests sizes each row's sample (asap.studies.sample_size) and records it per row
+    n = doc.get("num_requests", HEADLINE_REQUESTS)
+    n = rows[0].get("requests_available") if n is None else n
+    if n != HEADLINE_REQUESTS:
+        raise ValueError(f"{path}: the headline sampled {n} requests, the demo's entry {HEADLINE_REQUESTS}")
     return headline_entry(rows[0], doc["code_fingerprint"], rule=doc.get("sustained", False))
 
 
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
                         f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0 "
                         f"--fleet-fractions {' '.join(f'{f:g}' for f in FULL.sim_fleet_fractions)}"
-                        f"{' --sustained' if FULL.sim_sustained else ''}` run on this code")
+                        f"{' --sustained' if FULL.sim_sustained else ''}{' --vet' if FULL.sim_vet else ''}` run on "
+                        f"this code")
     from asap.studies import parallel
     parallel.add_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no line per simulation on stderr")
