@@ -169,19 +169,27 @@ def test_best_configs_sustained_uses_the_headline_rule(monkeypatch):
     calls = []
 
     def fake_tune(requests, engine, devices, model, hardware, **kw):
-        calls.append((engine, len(requests), kw.get("criterion", "requests"), len(kw.get("longer") or [])))
+        calls.append((engine, len(requests), kw.get("criterion", "requests"), len(kw.get("longer") or []),
+                      kw.get("vet", False)))
         return tune_mod.Tuned(engine, devices, None, None, None, None, reason="stub")
     monkeypatch.setattr(tune_mod, "tune", fake_tune)
     best_configs(devices=32, workload="fixed-4k", num_requests=50, sustained=True)
-    assert calls == [(e, 50, "requests-sustained", 50 * tune_mod.CONFIRM) for e in ("sync", "async")]
+    assert calls == [(e, 50, "requests-sustained", 50 * tune_mod.CONFIRM, False) for e in ("sync", "async")]
+    calls.clear()
+    best_configs(devices=32, workload="fixed-4k", num_requests=50, sustained=True, vet=True)
+    assert calls == [(e, 50, "requests-sustained", 50 * tune_mod.CONFIRM, True) for e in ("sync", "async")]
     calls.clear()
     best_configs(devices=32, workload="fixed-4k", num_requests=50)
-    assert calls == [(e, 50, "requests", 0) for e in ("sync", "async")]
+    assert calls == [(e, 50, "requests", 0, False) for e in ("sync", "async")]
+    with pytest.raises(ValueError, match="set sustained too"):
+        best_configs(devices=32, workload="fixed-4k", num_requests=50, vet=True)
 
 
 def test_plan_sustained_needs_tune(capsys):
     assert main(["plan", "--devices", "32", "--sustained"]) == 2
     assert "--sustained is a rule of --tune's search" in capsys.readouterr().err
+    assert main(["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "5s", "--vet"]) == 2
+    assert "--vet re-ranks on the sample --sustained confirms on" in capsys.readouterr().err
 
 
 def test_plan_tune_sizes_its_sample_as_the_headline_does(monkeypatch):

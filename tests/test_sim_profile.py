@@ -85,6 +85,7 @@ def test_sim_cli_offers_every_simulator_command():
     (["sim", "headline", "--devices", "32", "--workloads", "fixed-4k", "--out", "/proc/asap-no-such"],
      "cannot write there"),
     (["sim", "headline", "--devices", "32", "--workloads", "fixed-4k", "--num-requests", "1"], "--num-requests must be >= 2"),
+    (["sim", "headline", "--devices", "32", "--workloads", "fixed-4k", "--vet"], "give --sustained too"),
     (["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "2s+1ms/tok", "--num-requests", "0"],
      "--num-requests must be >= 2"),
     (["sim", "trace", "--rate", "0"], "--rate > 0"),

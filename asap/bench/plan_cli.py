@@ -68,6 +68,10 @@ def register(sub):
                    help="--tune: the headline table's rule (asap sim headline --sustained): a rate passes only if "
                         "the run drains within its longest TTFT budget after the last arrival and meets the target "
                         "in each third of the run, and each maximum is confirmed on twice the requests")
+    p.add_argument("--vet", action="store_true",
+                   help="--tune --sustained: re-rank each search's leading candidates on the longer sample before "
+                        "choosing its finalists (asap sim headline --vet; finds fleets whose long-prompt queue "
+                        "the short screen cannot judge)")
     from asap.studies.parallel import add_arguments
     add_arguments(p)            # --jobs, --executor: where --tune's simulations run
     p.add_argument("--json", help="write the plan here")
@@ -134,7 +138,7 @@ def run_tune(args) -> int:
     with parallel.from_args(args) as executor:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
                            args.num_requests,
-                           verbose=True, executor=executor, sustained=args.sustained)
+                           verbose=True, executor=executor, sustained=args.sustained, vet=args.vet)
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:
@@ -175,6 +179,8 @@ def run_plan(args) -> int:
         raise ValueError(f"--devices must be >= 2 (one attention and one expert worker at least), got {args.devices}")
     if args.sustained and not args.tune:
         raise ValueError("--sustained is a rule of --tune's search: give --tune WORKLOAD")
+    if args.vet and not args.sustained:
+        raise ValueError("--vet re-ranks on the sample --sustained confirms on: give --tune WORKLOAD --sustained")
     if args.tune:
         return run_tune(args)
     n = PLAN_REQUESTS if args.num_requests is None else args.num_requests

@@ -199,7 +199,7 @@ def format_plan(p: Plan) -> str:
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
                  slo="2s+1ms/tok", num_requests: int | None = None, verbose: bool = False, executor=None,
-                 sustained: bool = False) -> dict:
+                 sustained: bool = False, vet: bool = False) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
@@ -209,7 +209,10 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     (Tuned.reason says why). executor (asap.studies.parallel): where the simulations run (default: one after
     another); the results are the same for any. sustained: the headline's --sustained rule (a rate passes only
     if the run drains in time and holds the target in each arrival third, and each refined maximum is
-    confirmed on CONFIRM x the requests its search used)."""
+    confirmed on CONFIRM x the requests its search used); vet (with sustained): the headline's --vet (each tune
+    re-ranks its screen's leaders on that longer sample, asap.studies.tune.tune)."""
+    if vet and not sustained:
+        raise ValueError("vet re-ranks on the sample the sustained rule confirms on: set sustained too")
     from asap.studies.tune import CONFIRM, tune
     from asap.workload.presets import workload_requests
     from asap.studies.headline import NUM_REQUESTS
@@ -220,7 +223,7 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
         num_requests = sample_size(lambda k: rule_slo.apply(workload_requests(workload, k)), devices, cost,
                                    NUM_REQUESTS)
     pool = rule_slo.apply(workload_requests(workload, num_requests * (CONFIRM if sustained else 1)))
-    rule = dict(criterion="requests-sustained", longer=pool) if sustained else {}
+    rule = dict(criterion="requests-sustained", longer=pool, vet=vet) if sustained else {}
     from asap.studies.parallel import Progress
     start = time.time()
     results = {engine: tune(pool[:num_requests], engine, devices, model, hardware, verbose=verbose,
