@@ -646,7 +646,9 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
     candidates that passed at least 1/SCREEN_STEP of the highest rate screened (at most VET_MOST, in screen
     order), are each bisected VET_DEPTH times between that rate and the highest, on the longer sample, and
     ranked first by the highest rate of that grid they pass, then by their value at the rate above it; the
-    rest follow in screen order. The same rule for both engines."""
+    rest follow in screen order. The same rule for both engines. Each leader's entry gets vet_rate, the lower
+    end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
+    simulated on the longer sample) where it passed none; and vet_requests = m."""
     passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
     if not passed:
         return screened
