@@ -56,8 +56,8 @@ def headline_key(s: DemoSettings) -> str:
 
 def headline_rule(s: DemoSettings) -> str | bool:
     """What `asap sim headline` records as its search rule ("sustained" in its JSON) for the demo's case."""
-    from asap.studies.headline import SUSTAINED, VETTED
-    return SUSTAINED + (VETTED if s.sim_vet else "") if s.sim_sustained else False
+    from asap.studies.headline import search_rule
+    return search_rule(s.sim_sustained, s.sim_vet)
 
 
 def worker_processes(c, devices: int) -> int:

@@ -151,7 +151,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev_devices = None
         if resume is not None:
             if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
-                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != _rule(sustained, vet):
+                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != search_rule(sustained, vet):
                 raise ValueError("resume: the earlier headline has another model, hardware, SLO, prefix cache or "
                                  "sustain rule (--sustained, --vet)")
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
@@ -288,11 +288,12 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
-            "fleet_fractions": list(fleet_fractions), "sustained": _rule(sustained, vet)}
+            "fleet_fractions": list(fleet_fractions), "sustained": search_rule(sustained, vet)}
 
 
-def _rule(sustained: bool, vet: bool) -> str | bool:
-    """The search rule a headline records (its "sustained" field): False for the default rule."""
+def search_rule(sustained: bool, vet: bool) -> str | bool:
+    """The search rule a headline records (its "sustained" field): False for the default rule (the demo's
+    stored case compares it, asap.demo.tuning.headline_rule)."""
     return SUSTAINED + (VETTED if vet else "") if sustained else False
 
 
