@@ -1,5 +1,7 @@
 """The tuner and the rate search it stands on: the same search for both engines, configurations that
 run as they say, and no maximum reported from a burst or a search that did not converge."""
+import dataclasses
+
 import pytest
 
 from asap.measure.metrics import RequestResult
@@ -257,3 +259,49 @@ def test_vet_promotes_a_candidate_the_short_screen_ranks_below_the_finalists(mon
     assert vetted and all(c["vet_rate"] is not None for c in vetted)
     assert tune(short, "sync", 8, vet=True, **dict(kw, criterion="requests")) == \
         tune(short, "sync", 8, **dict(kw, criterion="requests"))      # vet applies to "-sustained" criteria only
+
+
+def test_vet_vets_the_secondary_variants_of_its_own_best(monkeypatch):
+    """The secondary knobs screened on the short sample are those of its best, which the vet can demote: the
+    conversation trace at 32 dies, where the vetted 5/8-wide async fleet never had its expert window tried.
+    In miniature (the space and its secondary variants given): four candidates lead the short screen and
+    sustain little; the fifth sustains the most, and its variant (TBO off) more still. Without the change the
+    variant is never simulated; with vet it is vetted beside its primary and wins."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
+    short, longer = reqs[:2001], reqs
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    served = {c: (1.0 + 0.05 * i, 1.0 + 0.05 * i) for i, c in enumerate(cands)}   # (on <= 62 requests, on more)
+    for c in cands[-4:]:
+        served[c] = (served[c][0] + 0.6, 1.2)          # the short screen's four best, 1.2 sustained
+    steady = cands[-5]
+    served[steady] = (1.7, 1.7)                        # fifth on the short samples
+    variant = dataclasses.replace(steady, two_batch_overlap=False)
+    variants = {variant: (1.9, 1.9)}                   # the best of all, simulated only as a variant
+
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances,
+                         two_batch_overlap=spec.two_batch_overlap, router=spec.router)
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        top = variants.get(c) or served[dataclasses.replace(c, two_batch_overlap=True)]
+        ok = rate <= top[len(requests) > 62] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr(tune_mod, "space", lambda *a, **k: list(cands))
+    monkeypatch.setattr(tune_mod, "secondary", lambda c: [dataclasses.replace(c, two_batch_overlap=False)])
+    kw = dict(criterion="requests-sustained", longer=longer, screen=True, **SMALL)
+    t = tune(short, "sync", 8, vet=True, **kw)
+    assert t.best == variant and 1.8 <= t.max_slo_rate <= 1.9
+    rows = {(c["config"]["instances"], c["config"]["token_budget"], c["config"]["two_batch_overlap"]): c
+            for c in t.candidates}
+    row = rows[(steady.instances, steady.token_budget, False)]
+    primary = rows[(steady.instances, steady.token_budget, True)]
+    assert row["screen_rate"] is None and primary["screen_rate"] is not None    # vetted, never screened
+    assert row["vet_rate"] >= primary["vet_rate"] and row["fine_rate"] is not None     # and a finalist
+    plain = tune(short, "sync", 8, **kw)        # without vet: the short screen's best four, and their variants
+    assert plain.best != variant and plain.max_slo_rate <= 1.2

@@ -35,9 +35,11 @@ it, so under those criteria, given `longer` (the same workload continued), each 
 on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
 With `vet` (off by default; `asap sim headline --vet`), the screen's leaders are first re-ranked on that
-longer sample (`_vet`) and every finalist is refined and confirmed: the screen's short sample can rank a
-candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
-above one that sustains more, which the confirmation of the finalists alone cannot undo.
+longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them,
+and every finalist is refined and confirmed: the screen's short sample can rank a candidate whose queue
+grows slowly (a length-aware fleet with too few devices for its long prompts) far above one that sustains
+more, which the confirmation of the finalists alone cannot undo; and the secondary knobs screened for the
+short sample's best are not those of the best the vet finds.
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
@@ -352,7 +354,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     "-sustained" criterion each refined maximum found on n requests is confirmed on its first CONFIRM x n
     (`_confirm`), and the best confirmed one wins. Ignored under the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
-    sample before the finalists are chosen (`_vet`), and every finalist gets a fine search and a confirmation:
+    sample before the finalists are chosen (`_vet`; with the space's candidates, the secondary variants of the
+    SCREEN_KEEP best vetted are then vetted too), and every finalist gets a fine search and a confirmation:
     the short screen can rank a candidate whose queue grows slowly above one that sustains more."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
@@ -419,6 +422,11 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample; all finalists refined
             m = min(len(longer), CONFIRM * max(s["n"] for s in screened.values()))
             screened = _vet(screened, measure_for, m, target, key, prefetch)
+            if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
+                more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c) if v not in screened]
+                if prefix_cache:
+                    more = [dataclasses.replace(v, prefix_cache=True) for v in more]
+                screened = _vet(screened, measure_for, m, target, key, prefetch, more=more)
             refine = max(refine, FINALISTS)
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
@@ -636,7 +644,7 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
 VET_MOST, VET_DEPTH = 32, 2    # the screen's leaders re-ranked on the confirmation sample; bisection steps
 
 
-def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=None) -> dict:
+def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=None, more=()) -> dict:
     """The screen re-ranked on m requests (measure_for(c, m): the confirmation sample), for a "-sustained"
     criterion.
 
@@ -648,13 +656,19 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
     ranked first by the highest rate of that grid they pass, then by their value at the rate above it; the
     rest follow in screen order. The same rule for both engines. Each leader's entry gets vet_rate, the lower
     end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
-    simulated on the longer sample) where it passed none; and vet_requests = m."""
+    simulated on the longer sample) where it passed none; and vet_requests = m.
+    more: candidates the screen did not simulate (the secondary variants of the vetted best), vetted as leaders
+    on the same grid and ranked with them; their screen columns are None. A leader vetted before is not
+    simulated again (its grid is the same, and measure_for's cache holds it)."""
     passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
     if not passed:
         return screened
     hi = max(passed)
     lo = hi / SCREEN_STEP
-    leaders = [c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST]
+    more = [c for c in dict.fromkeys(more) if c not in screened]
+    screened = screened | {c: {"score": None, "passed_rate": None, "rate": None, "attainment": None,
+                               "ttft_p90_ms": None, "n": m} for c in more}
+    leaders = [c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST] + more
     bounds = {c: (lo, hi) for c in leaders}          # each leader's maximum lies in [lo, hi) as far as known
     value = {c: 0.0 for c in leaders}                # its value at its upper bound's rate, once simulated
     for _ in range(VET_DEPTH):
