@@ -327,7 +327,7 @@ class Tuned:
     lower_bound_config: EngineConfig | None = None  # the candidate that passed there
     buckets: dict | None = None         # attainment per prompt-length bucket at the best rate (asap.measure.buckets)
     criterion: str = "requests"
-    num_screened: int = 0               # candidates the screen simulated
+    num_screened: int = 0               # candidates the screen simulated (and, with vet, those only vetted)
     # "-sustained" with `longer`: the best's maximum on its search's requests, before the confirmation on
     # num_requests (CONFIRM x as many); None where no confirmation ran
     search_rate: float | None = None
