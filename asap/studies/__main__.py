@@ -94,8 +94,9 @@ def add_commands(sub, extra=()) -> None:
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
                         "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
     h.add_argument("--vet", action="store_true",
-                   help="with --sustained: re-rank the screen's leading candidates on the longer sample each "
-                        "maximum is confirmed on, before choosing the finalists, and confirm every finalist (the "
+                   help="with --sustained: re-rank the screen's leading candidates (and the secondary variants of the "
+                        "best four of them) on the longer sample each maximum is confirmed on, before choosing "
+                        "the finalists, and confirm every finalist (the "
                         "short screen can rank a fleet whose long-prompt queue grows slowly first); the same for "
                         "both engines; off by default, which keeps the stored results' rule")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
