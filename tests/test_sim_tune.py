@@ -305,3 +305,41 @@ def test_vet_vets_the_secondary_variants_of_its_own_best(monkeypatch):
     assert row["vet_rate"] >= primary["vet_rate"] and row["fine_rate"] is not None     # and a finalist
     plain = tune(short, "sync", 8, **kw)        # without vet: the short screen's best four, and their variants
     assert plain.best != variant and plain.max_slo_rate <= 1.2
+
+
+def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(monkeypatch):
+    """The conversation trace at 32 dies: the tuned async fleet reaches 2.62 req/s on the 750 requests its
+    maximum was searched on, 2.80 on 1,500, and fails 2.81 on 3,000. Searching each finalist on the short
+    sample and only searching down on the confirmation's reported the short sample's figure. Under vet each
+    finalist is searched on the vet's sample from its vetted bracket, and confirmed on twice that, where it
+    can still be searched down. In miniature: A sustains 2.0 on the short samples, 2.6 on the vet's and 2.4
+    on twice that; B 2.1 on the short ones and 2.0 on more. A wins at its maximum on the longest sample."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    served = {c: (1.0 + 0.05 * i,) * 3 for i, c in enumerate(cands)}    # on <= 62, <= 124 and more requests
+    a, b = cands[-2], cands[-1]
+    served[a], served[b] = (2.0, 2.6, 2.4), (2.1, 2.0, 2.0)
+
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances)
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[c][(len(requests) > 62) + (len(requests) > 124)] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    kw = dict(candidates=cands, criterion="requests-sustained", screen=True, **SMALL)
+    t = tune(reqs[:2001], "sync", 8, vet=True, longer=reqs, **kw)
+    rows = {c["config"]["token_budget"] * 10 + c["config"]["instances"]: c for c in t.candidates}
+    row = rows[a.token_budget * 10 + a.instances]
+    assert t.best == a and 2.28 <= t.max_slo_rate <= 2.4
+    assert row["num_requests"] == 124 and t.num_requests == row["sustained_num_requests"] == 248
+    assert 2.47 <= t.search_rate <= 2.6 and row["coarse_rate"] is None     # searched on the vet's sample only
+    plain = tune(reqs[:2001], "sync", 8, longer=reqs, **kw)                # the old path stays as it was
+    assert plain.max_slo_rate <= 2.1
+    edge = tune(reqs[:100], "sync", 8, vet=True, longer=reqs[:124], **kw)  # nothing longer than the vet's sample
+    assert edge.best == a and edge.num_requests == 124 and edge.search_rate == edge.max_slo_rate >= 2.47

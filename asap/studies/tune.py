@@ -404,10 +404,12 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             sims += 1
 
     def burst_of(n: int) -> float:
-        return burst_limit(n, sum(r.deadline - r.arrival for r in requests[:n]) / n)
+        pool = longer if n > len(requests) else requests
+        return burst_limit(n, sum(r.deadline - r.arrival for r in pool[:n]) / n)
 
     screened: dict = {}
     start = start_rate
+    vetted = 0          # with vet: the vet's sample size, on which every finalist is searched
     if screen if screen is not None else len(cands) > FINALISTS:
         if start is None:
             start = _closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
@@ -427,12 +429,26 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                 if prefix_cache:
                     more = [dataclasses.replace(v, prefix_cache=True) for v in more]
                 screened = _vet(screened, measure_for, m, target, key, prefetch, more=more)
-            refine = max(refine, FINALISTS)
+            vetted = m
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
         start = max(passed) if passed else start
     rows = []
-    for c in cands:
+    if vetted:      # each finalist searched on the vet's sample from its vetted bracket, side by side
+        jobs = []
+        for c in cands:
+            sc = screened[c]
+            lo = sc.get("vet_rate") or sc["passed_rate"] or 0.5 * start
+            hi = sc.get("vet_hi")
+            own = {k: v for k, v in cache.items() if k[:4] == (engine, devices, c, vetted)}
+            jobs.append((task(c, vetted, lo), own, dict(target=target, lo=lo, hi=hi if hi and hi > lo else None,
+                                                         tol=FINE_TOL, max_iters=10, burst_above=burst_of(vetted),
+                                                         key=key)))
+        for c, (found, added) in zip(cands, ex.map(_search, jobs)):
+            rows.append({"config": c, "coarse": found, "fine": found, "n": vetted, "vetted": True})
+            cache.update(added)
+            sims += len(added)
+    for c in cands if not vetted else ():
         if start is None:
             cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
             sims += 1
@@ -451,7 +467,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         rows.append({"config": c, "coarse": found, "n": n})
         if found["valid"]:
             start = max(start or 0.0, found["max_slo_rate"])
-    ranked = sorted((r for r in rows if r["coarse"]["valid"]), key=lambda r: -r["coarse"]["max_slo_rate"])
+    ranked = sorted((r for r in rows if r["coarse"]["valid"] and not r.get("vetted")),
+                    key=lambda r: -r["coarse"]["max_slo_rate"])
     # The fine searches are independent: each runs whole in a worker, with the cached simulations of its
     # candidate, and hands back its answer and the simulations it added (the same a serial run makes).
     fine = []
@@ -466,7 +483,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         sims += len(added)
     valid = [r for r in rows if r.get("fine", {}).get("valid")]
     table = [{"config": dataclasses.asdict(r["config"]), "describe": r["config"].describe(devices),
-              "coarse_rate": r["coarse"]["max_slo_rate"] if r["coarse"]["valid"] else None,
+              "coarse_rate": r["coarse"]["max_slo_rate"] if r["coarse"]["valid"] and not r.get("vetted") else None,
               "coarse_reason": r["coarse"]["reason"], "num_requests": r["n"],
               "fine_rate": r["fine"]["max_slo_rate"] if r.get("fine", {}).get("valid") else None,
               **_screen_cols(screened.get(r["config"]))} for r in rows]
@@ -504,12 +521,15 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     if confirm:
         jobs, ms = [], []
         for r in valid:
-            m = min(len(longer), CONFIRM * r["n"])
+            m = max(r["n"], min(len(longer), CONFIRM * r["n"]))
             pool, ms = longer, ms + [m]
-            jobs.append(((longer[:m], r["fine"]["max_slo_rate"], engine, model, hardware, devices, r["config"], zipf,
-                          progress), dict(target=target, tol=FINE_TOL, max_iters=10, key=key,
-                                          burst_above=burst_limit(m, sum(q.deadline - q.arrival for q in longer[:m]) / m))))
-        for r, m, (found, added) in zip(valid, ms, ex.map(_confirm, jobs)):
+            # searched on all of `longer` (the vet's sample can be): nothing longer to confirm it on
+            jobs.append(None if m == r["n"] else
+                        ((longer[:m], r["fine"]["max_slo_rate"], engine, model, hardware, devices, r["config"], zipf,
+                          progress), dict(target=target, tol=FINE_TOL, max_iters=10, key=key, burst_above=burst_of(m))))
+        confirmed = iter(ex.map(_confirm, [j for j in jobs if j is not None]))
+        for r, m, job in zip(valid, ms, jobs):
+            found, added = next(confirmed) if job is not None else (dict(r["fine"], held=True), {})
             r["confirmed"], r["m"] = found, m
             cache.update(added)
             sims += len(added)
@@ -683,7 +703,7 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
                 bounds[c], value[c] = (bounds[c][0], r), v
     order = sorted(leaders, key=lambda c: (bounds[c][0], value[c]), reverse=True)
     for c in leaders:
-        screened[c] = dict(screened[c], vet_rate=bounds[c][0], vet_requests=m)
+        screened[c] = dict(screened[c], vet_rate=bounds[c][0], vet_hi=bounds[c][1], vet_requests=m)
     return {c: screened[c] for c in order} | {c: s for c, s in screened.items() if c not in bounds}
 
 
