@@ -35,11 +35,15 @@ it, so under those criteria, given `longer` (the same workload continued), each 
 on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
 With `vet` (off by default; `asap sim headline --vet`), the screen's leaders are first re-ranked on that
-longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them,
-and every finalist is refined and confirmed: the screen's short sample can rank a candidate whose queue
-grows slowly (a length-aware fleet with too few devices for its long prompts) far above one that sustains
-more, which the confirmation of the finalists alone cannot undo; and the secondary knobs screened for the
-short sample's best are not those of the best the vet finds.
+longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them;
+each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted
+bracket, instead of the coarse and fine searches on the short one, and confirmed on CONFIRM x the vet's
+sample as above (where the workload has that many requests): the screen's short sample can rank a
+candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
+above one that sustains more, which the confirmation of the finalists alone cannot undo; the secondary
+knobs screened for the short sample's best are not those of the best the vet finds; and a maximum searched
+on the short sample is a floor the downward-only confirmation keeps even where the longer sample sustains
+more (the 32-die conversation row's async fleet: 2.62 req/s on 750 requests, 2.80 on 1,500).
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
@@ -355,8 +359,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     (`_confirm`), and the best confirmed one wins. Ignored under the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
     sample before the finalists are chosen (`_vet`; with the space's candidates, the secondary variants of the
-    SCREEN_KEEP best vetted are then vetted too), and every finalist gets a fine search and a confirmation:
-    the short screen can rank a candidate whose queue grows slowly above one that sustains more."""
+    SCREEN_KEEP best vetted are then vetted too), and every finalist is searched on that sample from its
+    vetted bracket and confirmed on CONFIRM x as many (where `longer` has them): the short screen can rank a
+    candidate whose queue grows slowly above one that sustains more, and understate one the longer sample
+    shows sustaining more."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     key = CRITERIA[criterion]
@@ -421,7 +427,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
                 more = [dataclasses.replace(v, prefix_cache=True) for v in more]
             screened.update(_screen(more, measure_for, burst_of, len(requests), start, target, key, prefetch))
             screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
-        if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample; all finalists refined
+        if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample, finalists searched there
             m = min(len(longer), CONFIRM * max(s["n"] for s in screened.values()))
             screened = _vet(screened, measure_for, m, target, key, prefetch)
             if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
@@ -676,7 +682,8 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
     ranked first by the highest rate of that grid they pass, then by their value at the rate above it; the
     rest follow in screen order. The same rule for both engines. Each leader's entry gets vet_rate, the lower
     end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
-    simulated on the longer sample) where it passed none; and vet_requests = m.
+    simulated on the longer sample) where it passed none; vet_hi, the upper end (the lowest vetted rate it
+    failed, or the highest screened rate where it failed none); and vet_requests = m.
     more: candidates the screen did not simulate (the secondary variants of the vetted best), vetted as leaders
     on the same grid and ranked with them; their screen columns are None. A leader vetted before is not
     simulated again (its grid is the same, and measure_for's cache holds it)."""
