@@ -70,8 +70,8 @@ def register(sub):
                         "in each third of the run, and each maximum is confirmed on twice the requests")
     p.add_argument("--vet", action="store_true",
                    help="--tune --sustained: re-rank each search's leading candidates on the longer sample before "
-                        "choosing its finalists (asap sim headline --vet; finds fleets whose long-prompt queue "
-                        "the short screen cannot judge)")
+                        "choosing its finalists, search them there and confirm them on twice as many (asap sim "
+                        "headline --vet; finds fleets whose long-prompt queue the short screen cannot judge)")
     from asap.studies.parallel import add_arguments
     add_arguments(p)            # --jobs, --executor: where --tune's simulations run
     p.add_argument("--json", help="write the plan here")

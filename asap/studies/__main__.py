@@ -96,7 +96,7 @@ def add_commands(sub, extra=()) -> None:
     h.add_argument("--vet", action="store_true",
                    help="with --sustained: re-rank the screen's leading candidates (and the secondary variants of the "
                         "best four of them) on the longer sample each maximum is confirmed on, before choosing "
-                        "the finalists, and confirm every finalist (the "
+                        "the finalists; search each finalist on that sample and confirm it on twice as many (the "
                         "short screen can rank a fleet whose long-prompt queue grows slowly first); the same for "
                         "both engines; off by default, which keeps the stored results' rule")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
