@@ -12,10 +12,14 @@ each simulation's CPU time in both, side by side: a rough speed comparison, the 
   expert pool with the fullest-layer selector and a 2 ms window; adaptive depth; co-located; a co-located
   fleet; TP4 replicas with expected loads; fixed 4K; the prefix cache), on the first 500 requests of the
   conversation trace (or fixed-4k) under the SLO 2 s + 1 ms/token: the TTFTs and the event count;
-- every stored demo tuning (asap/demo/tuned.json): each engine's configuration at its stored maximum on the
-  requests it was tuned on: the TTFTs;
+- every stored demo tuning (this checkout's asap/demo/tuned.json, in both: a re-stored entry is not a
+  simulator change): each engine's configuration at its stored maximum on the requests it was tuned on: the
+  TTFTs;
 - a whole tune (asap.studies.tune: screen, coarse and fine rate searches) of each engine over a slice of
-  its space on 16 dies, the conversation trace's first 100 requests: every candidate's rates.
+  its space on 16 dies, the conversation trace's first 100 requests: every candidate's rates;
+- a whole tune under the headline's `--sustained --vet` rule (sync, the same slice, 200 requests continued
+  to 400: the screen, the vet, the finalists' searches on the vet's sample and their confirmation): every
+  candidate's rates and the confirmed maximum.
 
 With --record, where every case agrees and the two fingerprints (asap.studies.code_version) differ, the
 pair goes into asap/studies/equivalent.json, so a result stored under the other checkout's fingerprint
@@ -35,7 +39,8 @@ HERE = Path(__file__).resolve().parents[1]
 from asap.studies.code_version import EQUIVALENT as LEDGER  # noqa: E402
 
 BATTERY = r'''
-import dataclasses, hashlib, json, struct, sys, time
+import dataclasses, hashlib, json, os, struct, sys, time
+from pathlib import Path
 from asap.sim.run import run
 from asap.sim.spec import EngineSpec
 from asap.studies.code_version import fingerprint
@@ -84,7 +89,9 @@ for name, (spec, rate, reqs) in cases.items():
 from asap.demo import tuning
 from asap.demo.settings import FULL, QUICK, demo_requests, headline_requests
 from asap.studies.tune import EngineConfig
-table = json.loads(tuning.TUNED.read_text()) if tuning.TUNED.is_file() else {}
+# the stored configurations of one checkout (this one's, ASAP_EQUIV_TUNED), simulated by both
+tuned = Path(os.environ.get("ASAP_EQUIV_TUNED", tuning.TUNED))
+table = json.loads(tuned.read_text()) if tuned.is_file() else {}
 stored = [(tuning.key(s, s.devices, True), s, s.devices) for s in (FULL, QUICK)] + [(tuning.headline_key(FULL), FULL, None)]
 for k, s, devices in stored:
     entry = table.get(k)
@@ -112,12 +119,27 @@ for engine in ("sync", "async"):
     rows = [(r["describe"], r["coarse_rate"], r["fine_rate"], r["screen_attainment"]) for r in t.candidates]
     out["cases"][f"tune {engine} x16, {len(cands)} candidates"] = hashlib.sha256(
         json.dumps([rows, t.max_slo_rate, t.num_sims], default=str).encode()).hexdigest()[:16]
+# the sustained rule with a longer sample and the vet (asap sim headline --sustained --vet), which the stored
+# headline case is made by: the screen, the vet, each finalist's search on the vet's sample, the confirmation
+longer = slo.apply(workload_requests("conversation", 400))
+cands = space("sync", 16)[::6]
+cpu = time.process_time()
+t = tune(longer[:200], "sync", 16, candidates=cands, criterion="requests-sustained", longer=longer, screen=True,
+         vet=True)
+name = f"tune sync x16 --sustained --vet, {len(cands)} candidates"
+out["cpu_s"][name] = time.process_time() - cpu
+rows = [(r["describe"], r["coarse_rate"], r["fine_rate"], r["screen_attainment"], r.get("vet_rate"),
+         r.get("sustained_rate")) for r in t.candidates]
+out["cases"][name] = hashlib.sha256(json.dumps([rows, t.max_slo_rate, t.num_requests, t.num_sims],
+                                               default=str).encode()).hexdigest()[:16]
 print(json.dumps(out))
 '''
 
 
 def battery(root: Path) -> subprocess.Popen:
+    # both simulate this checkout's stored configurations: a re-store must not read as a simulator change
     env = dict(os.environ, PYTHONPATH=str(root))
+    env.setdefault("ASAP_EQUIV_TUNED", str(HERE / "asap" / "demo" / "tuned.json"))
     return subprocess.Popen([sys.executable, "-c", BATTERY], env=env, cwd="/", stdout=subprocess.PIPE, text=True)
 
 
