@@ -409,6 +409,20 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             cache[k] = summary
             sims += 1
 
+    def searches(jobs) -> list[dict]:
+        """Rate searches (find_max_rate), one per (candidate, n, keyword arguments), side by side: each runs
+        whole in a worker with the cached simulations of its candidate on n requests, and hands back its
+        answer and the simulations it added (the same a serial run makes)."""
+        nonlocal sims
+        out = []
+        for (c, n, kw), (found, added) in zip(jobs, ex.map(_search, [
+                (task(c, n, kw["lo"]), {k: v for k, v in cache.items() if k[:4] == (engine, devices, c, n)}, kw)
+                for c, n, kw in jobs])):
+            out.append(found)
+            cache.update(added)
+            sims += len(added)
+        return out
+
     def burst_of(n: int) -> float:
         pool = longer if n > len(requests) else requests
         return burst_limit(n, sum(r.deadline - r.arrival for r in pool[:n]) / n)
@@ -446,14 +460,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             sc = screened[c]
             lo = sc.get("vet_rate") or sc["passed_rate"] or 0.5 * start
             hi = sc.get("vet_hi")
-            own = {k: v for k, v in cache.items() if k[:4] == (engine, devices, c, vetted)}
-            jobs.append((task(c, vetted, lo), own, dict(target=target, lo=lo, hi=hi if hi and hi > lo else None,
-                                                         tol=FINE_TOL, max_iters=10, burst_above=burst_of(vetted),
-                                                         key=key)))
-        for c, (found, added) in zip(cands, ex.map(_search, jobs)):
+            jobs.append((c, vetted, dict(target=target, lo=lo, hi=hi if hi and hi > lo else None, tol=FINE_TOL,
+                                         max_iters=10, burst_above=burst_of(vetted), key=key)))
+        for c, found in zip(cands, searches(jobs)):
             rows.append({"config": c, "coarse": found, "fine": found, "n": vetted, "vetted": True})
-            cache.update(added)
-            sims += len(added)
     for c in cands if not vetted else ():
         if start is None:
             cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
@@ -475,18 +485,11 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             start = max(start or 0.0, found["max_slo_rate"])
     ranked = sorted((r for r in rows if r["coarse"]["valid"] and not r.get("vetted")),
                     key=lambda r: -r["coarse"]["max_slo_rate"])
-    # The fine searches are independent: each runs whole in a worker, with the cached simulations of its
-    # candidate, and hands back its answer and the simulations it added (the same a serial run makes).
-    fine = []
-    for r in ranked[:refine]:
-        lo, n = r["coarse"]["max_slo_rate"], r["n"]
-        own = {k: v for k, v in cache.items() if k[:4] == (engine, devices, r["config"], n)}
-        fine.append((task(r["config"], n, lo), own, dict(target=target, lo=lo, hi=lo * (1 + COARSE_TOL),
-                                                          tol=FINE_TOL, max_iters=8, burst_above=burst_of(n), key=key)))
-    for r, (found, added) in zip(ranked[:refine], ex.map(_search, fine)):
+    fine = [(r["config"], r["n"], dict(target=target, lo=r["coarse"]["max_slo_rate"],
+                                       hi=r["coarse"]["max_slo_rate"] * (1 + COARSE_TOL), tol=FINE_TOL, max_iters=8,
+                                       burst_above=burst_of(r["n"]), key=key)) for r in ranked[:refine]]
+    for r, found in zip(ranked[:refine], searches(fine)):
         r["fine"] = found
-        cache.update(added)
-        sims += len(added)
     valid = [r for r in rows if r.get("fine", {}).get("valid")]
     table = [{"config": dataclasses.asdict(r["config"]), "describe": r["config"].describe(devices),
               "coarse_rate": r["coarse"]["max_slo_rate"] if r["coarse"]["valid"] and not r.get("vetted") else None,
