@@ -307,6 +307,45 @@ def test_vet_vets_the_secondary_variants_of_its_own_best(monkeypatch):
     assert plain.best != variant and plain.max_slo_rate <= 1.2
 
 
+def test_vet_breaks_a_tie_at_the_top_of_its_grid_by_raising_the_rate(monkeypatch):
+    """The vet's grid spans [hi / SCREEN_STEP, hi] (hi: the screen's highest passed rate); leaders that pass
+    all of it tie, and kept the short screen's order: the conversation trace at 32 dies, where 6 async and 5
+    sync leaders tied at the top and the every-bucket tune's best fleet (passing its grid at 97-98%) was not
+    a finalist. In miniature: six candidates tie on the short screen and all pass the vet's grid; on the vet's
+    sample the last of them in screen order sustains the most. While more than FINALISTS share the top, the
+    vet raises the rate for them (hi, then SCREEN_STEP x), so that one becomes a finalist and wins."""
+    import math
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
+    cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
+    served = {c: (1.0 + 0.02 * i,) * 2 for i, c in enumerate(cands)}    # (on <= 62 requests, on more)
+    tied = cands[-6:]
+    for c in tied:
+        served[c] = (2.0, 2.0)
+    best = tied[-1]
+    served[best] = (2.0, 2.6)
+
+    def fake_run(requests, spec):
+        c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances)
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        f, n = min(1.0, served[c][len(requests) > 62] / rate * (1 + 1e-9)), len(requests)
+        ok = [math.ceil((n - i) * f) != math.ceil((n - i - 1) * f) for i in range(n)]  # a share f, spread, the last ok
+        return types.SimpleNamespace(results=[RequestResult(r.id, r.arrival, r.num_tokens, 0.001 if o else 2.1,
+                                                            deadline_s=2.0) for o, r in zip(ok, requests)], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    kw = dict(candidates=cands, criterion="requests-sustained", screen=True, **SMALL)
+    t = tune(reqs[:2001], "sync", 8, vet=True, longer=reqs, **kw)
+    rows = {(c["config"]["token_budget"], c["config"]["instances"]): c for c in t.candidates}
+    top = [rows[(c.token_budget, c.instances)] for c in tied]
+    assert len({r["screen_passed_rate"] for r in top}) == 1          # the short screen cannot rank them
+    assert t.best == best and t.max_slo_rate >= 2.6
+    assert top[-1]["vet_rate"] > max(r["vet_rate"] for r in top[:-1])
+
+
 def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(monkeypatch):
     """The conversation trace at 32 dies: the tuned async fleet reaches 2.62 req/s on the 750 requests its
     maximum was searched on, 2.80 on 1,500, and fails 2.81 on 3,000. Searching each finalist on the short

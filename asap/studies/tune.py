@@ -36,6 +36,7 @@ on CONFIRM x its requests: simulated there at the rate found, and where it fails
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
 With `vet` (off by default; `asap sim headline --vet`), the screen's leaders are first re-ranked on that
 longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them;
+leaders that pass the vet's whole grid have it raised while more than FINALISTS tie at its top;
 each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted
 bracket, instead of the coarse and fine searches on the short one, and confirmed on CONFIRM x the vet's
 sample as above (where the workload has that many requests): the screen's short sample can rank a
@@ -443,12 +444,13 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
         if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample, finalists searched there
             m = min(len(longer), CONFIRM * max(s["n"] for s in screened.values()))
-            screened = _vet(screened, measure_for, m, target, key, prefetch)
+            screened = _vet(screened, measure_for, m, target, key, prefetch, burst=burst_of(m))
             if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
                 more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c) if v not in screened]
                 if prefix_cache:
                     more = [dataclasses.replace(v, prefix_cache=True) for v in more]
-                screened = _vet(screened, measure_for, m, target, key, prefetch, more=more)
+                screened = _vet(screened, measure_for, m, target, key, prefetch, more=more,
+                                burst=burst_of(m))
             vetted = m
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
@@ -673,7 +675,8 @@ def _screen(cands, measure_for, burst_of, num_requests: int, rate: float, target
 VET_MOST, VET_DEPTH = 32, 2    # the screen's leaders re-ranked on the confirmation sample; bisection steps
 
 
-def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=None, more=()) -> dict:
+def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=None, more=(),
+         burst: float | None = None) -> dict:
     """The screen re-ranked on m requests (measure_for(c, m): the confirmation sample), for a "-sustained"
     criterion.
 
@@ -683,10 +686,13 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
     candidates that passed at least 1/SCREEN_STEP of the highest rate screened (at most VET_MOST, in screen
     order), are each bisected VET_DEPTH times between that rate and the highest, on the longer sample, and
     ranked first by the highest rate of that grid they pass, then by their value at the rate above it; the
-    rest follow in screen order. The same rule for both engines. Each leader's entry gets vet_rate, the lower
-    end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
+    rest follow in screen order. Leaders that pass the whole grid would tie there (in screen order, the order
+    the vet exists to distrust): while more than FINALISTS do, the grid is raised for them, to the highest
+    screened rate and then SCREEN_STEP x each rate passed (at most SCREEN_ROUNDS times, never above `burst`,
+    the burst limit of m requests). The same rule for both engines. Each leader's entry gets vet_rate, the
+    lower end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
     simulated on the longer sample) where it passed none; vet_hi, the upper end (the lowest vetted rate it
-    failed, or the highest screened rate where it failed none); and vet_requests = m.
+    failed, or the next rate of the grid where it failed none); and vet_requests = m.
     more: candidates the screen did not simulate (the secondary variants of the vetted best), vetted as leaders
     on the same grid and ranked with them; their screen columns are None. A leader vetted before is not
     simulated again (its grid is the same, and measure_for's cache holds it)."""
@@ -700,7 +706,7 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
                                "ttft_p90_ms": None, "n": m} for c in more}
     leaders = [c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST] + more
     bounds = {c: (lo, hi) for c in leaders}          # each leader's maximum lies in [lo, hi) as far as known
-    value = {c: 0.0 for c in leaders}                # its value at its upper bound's rate, once simulated
+    value = {}                                       # its value at its upper bound's rate, once simulated
     for _ in range(VET_DEPTH):
         mids = {c: math.sqrt(a * b) for c, (a, b) in bounds.items()}
         if prefetch is not None:
@@ -711,7 +717,26 @@ def _vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=
                 bounds[c] = (r, bounds[c][1])
             else:
                 bounds[c], value[c] = (bounds[c][0], r), v
-    order = sorted(leaders, key=lambda c: (bounds[c][0], value[c]), reverse=True)
+    # Leaders that passed the whole grid tie (their upper end untested) and would keep the short screen's
+    # order, the order the vet exists to distrust: while more than FINALISTS share the top, they are simulated
+    # at their upper end, and those passing there at SCREEN_STEP x it, up to the burst limit of m requests.
+    for _ in range(SCREEN_ROUNDS):
+        top = max(a for a, _ in bounds.values())
+        tied = [c for c in leaders if bounds[c][0] == top and c not in value]
+        if len(tied) <= FINALISTS:
+            break
+        rate = bounds[tied[0]][1] if burst is None else min(bounds[tied[0]][1], burst)    # the same for all tied
+        if rate <= top:
+            break
+        if prefetch is not None:
+            prefetch([(c, m, rate) for c in tied])
+        for c in tied:
+            v = measure_for(c, m)(rate)[key]
+            if v >= target:
+                bounds[c] = (rate, rate * SCREEN_STEP)
+            else:
+                bounds[c], value[c] = (top, rate), v
+    order = sorted(leaders, key=lambda c: (bounds[c][0], value.get(c, 0.0)), reverse=True)
     for c in leaders:
         screened[c] = dict(screened[c], vet_rate=bounds[c][0], vet_hi=bounds[c][1], vet_requests=m)
     return {c: screened[c] for c in order} | {c: s for c, s in screened.items() if c not in bounds}
