@@ -79,6 +79,33 @@ def test_sim_cli_offers_every_simulator_command():
     assert (a.model, a.out, a.threads, a.statistic) == ("tiny-deepseek-v3", "x.json", 1, "median")
 
 
+def test_headline_and_plan_vet_by_default_under_sustained(monkeypatch, tmp_path):
+    """--sustained alone vets (the rule the README's table is made by); --no-vet gives the older rule; without
+    --sustained nothing is vetted. The same for `asap sim headline` and `asap plan --tune`."""
+    import asap.bench.plan_cli as plan_cli
+    import asap.studies.__main__ as sim_main
+    import asap.studies.plan as plan_mod
+    from asap.cli import main
+    seen = []
+    monkeypatch.setattr(sim_main, "run_headline", lambda *a, **kw: seen.append((kw["sustained"], kw["vet"])))
+
+    def fake_best_configs(*a, **kw):
+        seen.append((kw["sustained"], kw["vet"]))
+        raise SystemExit(0)
+    monkeypatch.setattr(plan_mod, "best_configs", fake_best_configs)
+    head = ["sim", "headline", "--devices", "32", "--workloads", "fixed-4k", "--out", str(tmp_path)]
+    plan = ["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "5s"]
+    for argv in (head, plan):
+        for extra, want in (([], (False, False)), (["--sustained"], (True, True)),
+                            (["--sustained", "--no-vet"], (True, False)), (["--sustained", "--vet"], (True, True))):
+            seen.clear()
+            try:
+                main(argv + extra)
+            except SystemExit:
+                pass
+            assert seen == [want], (argv, extra)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["sim", "headline", "--devices", "0", "--workloads", "fixed-4k"], "distinct device counts >= 2"),
     (["sim", "headline", "--devices", "32", "32", "--workloads", "fixed-4k"], "distinct device counts >= 2"),

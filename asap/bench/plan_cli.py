@@ -68,10 +68,11 @@ def register(sub):
                    help="--tune: the headline table's rule (asap sim headline --sustained): a rate passes only if "
                         "the run drains within its longest TTFT budget after the last arrival and meets the target "
                         "in each third of the run, and each maximum is confirmed on twice the requests")
-    p.add_argument("--vet", action="store_true",
-                   help="--tune --sustained: re-rank each search's leading candidates on the longer sample before "
-                        "choosing its finalists, search them there and confirm them on twice as many (asap sim "
-                        "headline --vet; finds fleets whose long-prompt queue the short screen cannot judge)")
+    p.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
+                   help="--tune --sustained (on by default there; --no-vet: off): re-rank each search's leading "
+                        "candidates on the longer sample before choosing its finalists, search them there and "
+                        "confirm them on twice as many (asap sim headline --vet; finds fleets whose long-prompt "
+                        "queue the short screen cannot judge)")
     from asap.studies.parallel import add_arguments
     add_arguments(p)            # --jobs, --executor: where --tune's simulations run
     p.add_argument("--json", help="write the plan here")
@@ -138,7 +139,8 @@ def run_tune(args) -> int:
     with parallel.from_args(args) as executor:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
                            args.num_requests,
-                           verbose=True, executor=executor, sustained=args.sustained, vet=args.vet)
+                           verbose=True, executor=executor, sustained=args.sustained,
+                           vet=args.sustained if args.vet is None else args.vet)
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:

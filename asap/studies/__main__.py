@@ -93,12 +93,13 @@ def add_commands(sub, extra=()) -> None:
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
                         "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
-    h.add_argument("--vet", action="store_true",
-                   help="with --sustained: re-rank the screen's leading candidates (and the secondary variants of the "
-                        "best four of them) on the longer sample each maximum is confirmed on, before choosing "
-                        "the finalists; search each finalist on that sample and confirm it on twice as many (the "
-                        "short screen can rank a fleet whose long-prompt queue grows slowly first); the same for "
-                        "both engines; off by default, which keeps the stored results' rule")
+    h.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --sustained (on by default there; --no-vet: the rule of the results stored before "
+                        "2026-12-05): re-rank the screen's leading candidates (and the secondary variants of the "
+                        "best four of them) on the longer sample each maximum is confirmed on, raising the rate for "
+                        "those that tie at its top, before choosing the finalists; search each finalist on that "
+                        "sample and confirm it on twice as many (the short screen can rank a fleet whose "
+                        "long-prompt queue grows slowly first); the same for both engines")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")
     parallel.add_arguments(h)
@@ -149,13 +150,14 @@ def run_command(a) -> int:
             _check_out_dir(a.out)
             if a.vet and not a.sustained:
                 raise ValueError("--vet re-ranks on the sample --sustained confirms on: give --sustained too")
+            vet = a.sustained if a.vet is None else a.vet
             if a.num_requests is not None and a.num_requests < 2:
                 raise ValueError(f"--num-requests must be >= 2 (or left out: sized per row), got {a.num_requests}")
             resume = json.loads(Path(a.resume).read_text()) if a.resume else None
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
                              a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
-                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=a.vet)
+                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=vet)
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

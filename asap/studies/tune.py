@@ -34,7 +34,7 @@ group's, or everyone's) does not pass. A queue that grows slower than the sample
 it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
 on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
-With `vet` (off by default; `asap sim headline --vet`), the screen's leaders are first re-ranked on that
+With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are first re-ranked on that
 longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them;
 leaders that pass the vet's whole grid have it raised while more than FINALISTS tie at its top;
 each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted
