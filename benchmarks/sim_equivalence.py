@@ -19,7 +19,9 @@ each simulation's CPU time in both, side by side: a rough speed comparison, the 
   its space on 16 dies, the conversation trace's first 100 requests: every candidate's rates;
 - a whole tune under the headline's `--sustained --vet` rule (sync, the same slice, 200 requests continued
   to 400: the screen, the vet, the finalists' searches on the vet's sample and their confirmation): every
-  candidate's rates and the confirmed maximum.
+  candidate's rates and the confirmed maximum;
+- the vet alone where its leaders tie (the same slice, all screened as passing 4 req/s on fixed 4K, each
+  passing the vet's whole grid on 400 requests): every leader's vetted bracket, in the vet's order.
 
 With --record, where every case agrees and the two fingerprints (asap.studies.code_version) differ, the
 pair goes into asap/studies/equivalent.json, so a result stored under the other checkout's fingerprint
@@ -132,6 +134,23 @@ rows = [(r["describe"], r["coarse_rate"], r["fine_rate"], r["screen_attainment"]
          r.get("sustained_rate")) for r in t.candidates]
 out["cases"][name] = hashlib.sha256(json.dumps([rows, t.max_slo_rate, t.num_requests, t.num_sims],
                                                default=str).encode()).hexdigest()[:16]
+# the vet's own ranking where its leaders tie: the same slice screened as passing 4 req/s on fixed 4K, every
+# one passing the vet's grid on 400 requests (which the case above need not reach)
+import inspect
+from asap.measure.rate_search import burst_limit
+from asap.studies.tune import CRITERIA, _simulate, _vet
+fixed400 = slo.apply(workload_requests("fixed-4k", 400))
+tied = {c: {"score": None, "passed_rate": 4.0, "rate": 4.0, "attainment": 1.0, "ttft_p90_ms": 0.0, "n": 200}
+        for c in cands}
+kw = {"burst": burst_limit(400, sum(r.deadline - r.arrival for r in fixed400) / 400)} \
+    if "burst" in inspect.signature(_vet).parameters else {}
+name = f"vet sync x16, {len(cands)} leaders tied on fixed 4K"
+cpu = time.process_time()
+vetted = _vet(tied, lambda c, n: lambda r: _simulate((fixed400[:n], r, "sync", "deepseek-v3", "cloudmatrix384", 16,
+                                                      c, 0.0, None)), 400, 0.9, CRITERIA["requests-sustained"], **kw)
+out["cpu_s"][name] = time.process_time() - cpu
+out["cases"][name] = hashlib.sha256(json.dumps([(c.describe(16), s["vet_rate"], s["vet_hi"])
+                                                for c, s in vetted.items()]).encode()).hexdigest()[:16]
 print(json.dumps(out))
 '''
 
