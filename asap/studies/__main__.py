@@ -94,8 +94,8 @@ def add_commands(sub, extra=()) -> None:
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
                         "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
     h.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --sustained (on by default there; --no-vet: the rule of the results stored before "
-                        "2026-12-05): re-rank the screen's leading candidates (and the secondary variants of the "
+                   help="with --sustained (on by default there; --no-vet: the older rule, of the rows stored without "
+                        "it): re-rank the screen's leading candidates (and the secondary variants of the "
                         "best four of them) on the longer sample each maximum is confirmed on, raising the rate for "
                         "those that tie at its top, before choosing the finalists; search each finalist on that "
                         "sample and confirm it on twice as many (the short screen can rank a fleet whose "
