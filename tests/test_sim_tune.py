@@ -331,7 +331,7 @@ def test_vet_breaks_a_tie_at_the_top_of_its_grid_by_raising_the_rate(monkeypatch
         c = EngineConfig("sync", spec.attention_tp, spec.token_budget, instances=spec.instances)
         rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
         f, n = min(1.0, served[c][len(requests) > 62] / rate * (1 + 1e-9)), len(requests)
-        ok = [math.ceil((n - i) * f) != math.ceil((n - i - 1) * f) for i in range(n)]  # a share f, spread, the last ok
+        ok = [math.ceil((n - i) * f) != math.ceil((n - i - 1) * f) for i in range(n)]  # a share f, spread; last ok
         return types.SimpleNamespace(results=[RequestResult(r.id, r.arrival, r.num_tokens, 0.001 if o else 2.1,
                                                             deadline_s=2.0) for o, r in zip(ok, requests)], stats={})
 

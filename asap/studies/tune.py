@@ -34,11 +34,11 @@ group's, or everyone's) does not pass. A queue that grows slower than the sample
 it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
 on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
 them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
-With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are first re-ranked on that
-longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP best vetted are vetted beside them;
-leaders that pass the vet's whole grid have it raised while more than FINALISTS tie at its top;
-each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted
-bracket, instead of the coarse and fine searches on the short one, and confirmed on CONFIRM x the vet's
+With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's
+leaders are first re-ranked on that longer sample (`_vet`), then the secondary variants of the SCREEN_KEEP
+best vetted are vetted beside them; leaders that pass the vet's whole grid have it raised while more than
+FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's
+sample from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on CONFIRM x the vet's
 sample as above (where the workload has that many requests): the screen's short sample can rank a
 candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
 above one that sustains more, which the confirmation of the finalists alone cannot undo; the secondary
