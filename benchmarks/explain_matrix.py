@@ -12,7 +12,6 @@ side, the link, and the expert batch size. At 384 dies a configuration is the 32
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -20,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from asap.studies.explain import _fractions, explain
-from asap.studies.tune import EngineConfig
+from asap.studies.config import EngineConfig
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 

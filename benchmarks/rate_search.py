@@ -24,7 +24,8 @@ from asap.sim.run import get_hardware, get_model, run
 from asap.studies.bound import work_bound
 from asap.studies.headline import rate_at
 from asap.studies.experiments import at_rate
-from asap.studies.tune import CRITERIA, TARGET, EngineConfig, pass_values
+from asap.studies.config import EngineConfig
+from asap.studies.tune import CRITERIA, TARGET, pass_values
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
                         "rate that passes only because the run ends before the queue grows past the deadlines "
                         "fails there (default 0: no check)")
     p.add_argument("--config", action="append", default=None,
-                   help="an asap.studies.tune.EngineConfig as JSON (repeatable; default: the hand-picked set)")
+                   help="an asap.studies.config.EngineConfig as JSON (repeatable; default: the hand-picked set)")
     args = p.parse_args(argv)
     if args.sustain < 0 or args.sustain == 1:
         p.error(f"--sustain must be 0 (no check) or >= 2, got {args.sustain}")

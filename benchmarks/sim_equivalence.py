@@ -138,7 +138,11 @@ out["cases"][name] = hashlib.sha256(json.dumps([rows, t.max_slo_rate, t.num_requ
 # one passing the vet's grid on 400 requests (which the case above need not reach)
 import inspect
 from asap.measure.rate_search import burst_limit
-from asap.studies.tune import CRITERIA, _simulate, _vet
+from asap.studies.tune import CRITERIA, _simulate
+try:                                   # the vet's home since the tuner's split; before it, tune.py
+    from asap.studies.screen import vet as _vet
+except ImportError:
+    from asap.studies.tune import _vet
 fixed400 = slo.apply(workload_requests("fixed-4k", 400))
 tied = {c: {"score": None, "passed_rate": 4.0, "rate": 4.0, "attainment": 1.0, "ttft_p90_ms": 0.0, "n": 200}
         for c in cands}

@@ -18,7 +18,8 @@ import sys
 import time
 
 from asap.studies.parallel import Progress
-from asap.studies.tune import CONFIRM, FLEET_FRACTIONS, tune
+from asap.studies.space import FLEET_FRACTIONS
+from asap.studies.tune import CONFIRM, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 

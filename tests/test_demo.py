@@ -12,7 +12,7 @@ from asap.demo.real import compare
 from asap.demo.report import compare as verdict
 from asap.demo.tuning import TUNED, headline_key, key, worker_processes
 from asap.demo.settings import FULL, QUICK
-from asap.studies.tune import EngineConfig
+from asap.studies.config import EngineConfig
 
 
 def test_the_shipped_tuning_covers_the_demo_so_it_never_tunes_live():
@@ -275,7 +275,8 @@ def test_a_retune_whose_best_outruns_the_sample_stores_the_candidate_as_a_lower_
     import asap.demo.tuning as tuning
     import asap.studies.tune as tune_mod
     from asap.demo.settings import FULL
-    from asap.studies.tune import EngineConfig, Tuned
+    from asap.studies.config import EngineConfig
+    from asap.studies.tune import Tuned
 
     def fake(requests, engine, devices, *a, candidates=None, **k):
         if engine == "sync":

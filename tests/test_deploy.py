@@ -12,7 +12,8 @@ from asap.sim.from_runtime import engine_spec
 from asap.sim.run import get_model
 from asap.sim.spec import EngineSpec
 from asap.studies.deploy import deployments, serve_command
-from asap.studies.tune import EngineConfig, space
+from asap.studies.config import EngineConfig
+from asap.studies.space import space
 from asap.workers.main import expert_selector
 
 MODEL = "deepseek-v3"

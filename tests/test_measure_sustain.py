@@ -10,7 +10,8 @@ from asap.measure.metrics import RequestResult
 from asap.measure.sustain import RULE, by_arrival_third, drain, sustained, sustained_value
 from asap.scheduler.request import Request
 from asap.studies.headline import rate_at
-from asap.studies.tune import CRITERIA, EngineConfig, pass_values
+from asap.studies.config import EngineConfig
+from asap.studies.tune import CRITERIA, pass_values
 from asap.workload.slo import SLO
 
 

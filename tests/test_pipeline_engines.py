@@ -75,7 +75,7 @@ def test_the_fullest_selectors_age_bound_has_one_default_and_reaches_the_demos_r
     from asap.demo.emulated import runtime_for
     from asap.demo.settings import QUICK
     from asap.scheduler.expert_select import FullestLayer
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
     assert RuntimeConfig().expert_max_wait_ms == pytest.approx(FullestLayer().max_wait_s * 1e3)
     c = EngineConfig("async", 1, 4096, attention_workers=2, selector="fullest", max_wait_s=0.005)
     rt = runtime_for(c, QUICK, devices=18)

@@ -113,7 +113,7 @@ def test_plan_tune_recommends_the_faster_engine_with_its_serve_command(monkeypat
     from types import SimpleNamespace
 
     import asap.studies.plan as plan
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
 
     def tuned(c, rate):
         return SimpleNamespace(best=c, max_slo_rate=rate, reason=None, tokens_per_s_per_device=1.0,
@@ -144,7 +144,7 @@ def test_plan_tune_recommends_nothing_when_one_search_gave_no_rate(monkeypatch, 
     from types import SimpleNamespace
 
     import asap.studies.plan as plan
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
 
     sync = SimpleNamespace(best=EngineConfig("sync", 1, 4096), max_slo_rate=10.0, reason=None,
                            tokens_per_s_per_device=1.0, ttft_p90_s=1.0, num_sims=1)

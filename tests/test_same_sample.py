@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from asap.studies.tune import EngineConfig
+from asap.studies.config import EngineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "same_sample.py")

@@ -9,7 +9,8 @@ from asap.scheduler.request import Request
 from asap.sim.async_engine import PoolTime
 from asap.sim.run import run
 from asap.sim.spec import EngineSpec
-from asap.studies.tune import EngineConfig, space
+from asap.studies.config import EngineConfig
+from asap.studies.space import space
 
 
 def test_pool_time_stretches_an_attention_op_by_the_pool_time_inside_it():
@@ -155,7 +156,7 @@ def test_the_sync_proxy_overflows_short_prompts_to_the_wide_deployment_and_never
 
 
 def test_the_fleet_shapes_are_the_same_for_both_engines():
-    from asap.studies.tune import FLEET_CHUNK, FLEET_FROM, space
+    from asap.studies.space import FLEET_CHUNK, FLEET_FROM, space
     for engine in ("sync", "async"):
         fleets = [c for c in space(engine, 32, full=False) if c.wide_replicas]
         assert fleets and all(c.wide_replicas * c.wide_tp * c.instances == 16 and c.wide_from_tokens == FLEET_FROM
@@ -169,7 +170,7 @@ def test_the_fleet_shapes_are_the_same_for_both_engines():
 
 def test_other_wide_shares_are_searched_for_both_engines_where_the_weights_fit():
     from asap.studies.headline import run_headline
-    from asap.studies.tune import space
+    from asap.studies.space import space
     shares = (0.25, 0.5, 0.75)
     for engine in ("sync", "async"):
         assert space(engine, 32, full=False) == space(engine, 32, full=False, fleet_fractions=(0.5,))   # the default

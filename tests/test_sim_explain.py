@@ -6,7 +6,7 @@ import pytest
 
 from asap.scheduler.request import Request
 from asap.studies.explain import explain, format_explain
-from asap.studies.tune import EngineConfig
+from asap.studies.config import EngineConfig
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")

@@ -9,7 +9,9 @@ from asap.measure.metrics import RequestResult
 from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.scheduler.request import Request
 from asap.sim.run import run
-from asap.studies.tune import EngineConfig, instance_sizes, space, tune
+from asap.studies.config import EngineConfig
+from asap.studies.space import instance_sizes, space
+from asap.studies.tune import tune
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")

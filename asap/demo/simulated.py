@@ -31,7 +31,7 @@ def simulate(requests, engine_config, s: DemoSettings, devices: int) -> dict:
 
 def run_simulated(s: DemoSettings, emulated: dict, log) -> dict:
     t0 = time.monotonic()
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
     same = demo_requests(s, s.devices, s.num_requests, s.rate)
     check = {e: simulate(same, EngineConfig(**t["config"]), s, s.devices) for e, t in emulated["tuned"].items()}
     out = {"devices": s.sim_devices, "workload": s.sim_workload, "slo": s.sim_slo, "num_requests": s.sim_requests,

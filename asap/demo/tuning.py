@@ -79,7 +79,8 @@ def tune_now(s: DemoSettings, devices: int, emulatable_only: bool, executor=None
     """{engine: {"config": EngineConfig fields, "describe", "max_slo_rate", ...}} (SIMULATED search).
     executor: asap.studies.parallel's (default serial; the same answer either way); progress: a line per simulation."""
     from asap.studies.parallel import Progress
-    from asap.studies.tune import space, tune
+    from asap.studies.space import space
+    from asap.studies.tune import tune
     t0, t0_wall, code = time.monotonic(), time.time(), fingerprint()
     requests = demo_requests(s, devices, TUNE_REQUESTS, rate=1.0)
     prompt_len = token_weighted_length(requests)
@@ -122,7 +123,7 @@ def untuned(s: DemoSettings, devices: int) -> dict:
     from asap.sim.memory import min_expert_workers
     from asap.sim.run import balanced_split, get_model
     from asap.sim.hardware import get_hardware
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
     cfg, hw = get_model(s.model), get_hardware(s.hardware)
     a = min(balanced_split(CostModel(cfg, hw), devices, s.token_budget), devices - min_expert_workers(cfg, hw))
     configs = {"sync": EngineConfig("sync", 1, s.token_budget),
@@ -200,7 +201,7 @@ def _stored(k: str) -> tuple[dict | None, str]:
 
 
 def _configs(entry: dict, source: str) -> dict:
-    from asap.studies.tune import EngineConfig
+    from asap.studies.config import EngineConfig
     return {"sync": EngineConfig(**entry["sync"]["config"]), "async": EngineConfig(**entry["async"]["config"]),
             "tuning": {e: entry[e] for e in ("sync", "async")}, "source": source, "rule": entry.get("rule", "default")}
 

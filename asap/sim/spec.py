@@ -1,7 +1,7 @@
 """One simulated engine, typed: what asap.sim.run.build_engine builds and asap.sim.run.run runs.
 
 Every way of naming an engine for the simulator ends here: run()'s keywords,
-the tuner's EngineConfig (asap.studies.tune.EngineConfig.spec) and a runtime's
+the tuner's EngineConfig (asap.studies.config.EngineConfig.spec) and a runtime's
 RuntimeConfig (asap.sim.from_runtime.engine_spec). Values are checked once,
 in __post_init__, so a bad one is refused before any simulation starts.
 """

@@ -13,7 +13,7 @@ from asap.studies import parallel
 from asap.studies.calibrate import calibrate
 from asap.studies.experiments import TRACE, at_rate, trace_requests
 from asap.studies.headline import DEFAULT_SLO, NUM_REQUESTS, WORKLOADS, run_headline
-from asap.studies.tune import FLEET_FRACTIONS
+from asap.studies.space import FLEET_FRACTIONS
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag

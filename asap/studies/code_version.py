@@ -2,11 +2,11 @@
 
 It hashes the simulator and everything it runs: the cost model, the step core, the simulator's core, the
 policies, the rate search and the workloads (asap/cost, asap/pipeline, asap/sim, asap/scheduler,
-asap/measure, asap/workload), plus the studies a stored result is made by (STUDIES: the tuner, the
-experiments' SLO rule and the headline's search). Each file counts by its syntax tree without its
-docstrings (comments never reach the tree): an edit to the documentation alone leaves it as it was, any
-change to the code does not. `asap sim headline` records it in its JSON; the demo's stored tuning
-(asap/demo/tuning.py) compares it with `is_current`.
+asap/measure, asap/workload), plus the studies a stored result is made by (STUDIES: the tuner with its
+configurations, space and screen, the experiments' SLO rule and the headline's search). Each file counts by
+its syntax tree without its docstrings (comments never reach the tree): an edit to the documentation alone
+leaves it as it was, any change to the code does not. `asap sim headline` records it in its JSON; the
+demo's stored tuning (asap/demo/tuning.py) compares it with `is_current`.
 
 A change that only makes the simulator faster changes the fingerprint but no result. Where
 `benchmarks/sim_equivalence.py --record` found two checkouts to simulate the same battery bit for bit, it
@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 PACKAGES = ("cost", "pipeline", "sim", "scheduler", "measure", "workload")
-STUDIES = ("studies/tune.py", "studies/experiments.py", "studies/headline.py")
+STUDIES = ("studies/tune.py", "studies/config.py", "studies/space.py", "studies/screen.py", "studies/experiments.py",
+           "studies/headline.py")
 EQUIVALENT = Path(__file__).resolve().with_name("equivalent.json")
 
 

@@ -1,4 +1,4 @@
-"""A tuned configuration (asap.studies.tune.EngineConfig) as what runs it: the runtime's RuntimeConfig of each
+"""A tuned configuration (asap.studies.config.EngineConfig) as what runs it: the runtime's RuntimeConfig of each
 deployment, and the `asap serve` command line a user types for it.
 
 One instance of a configuration is one deployment, or two for a sync fleet (a narrow DP deployment and a wide
@@ -123,7 +123,7 @@ def deployment_lines(c, devices: int, model: str, hardware: str) -> list[str]:
     for d in parts:
         out.append(f"  {serve_command(model, d)}" + (f"    # {d.serves}" if len(parts) > 1 else ""))
     if len(parts) > 1:
-        out.append(f"  a length-aware proxy in front sends each prompt to its deployment (ASAP does not ship one)")
+        out.append("  a length-aware proxy in front sends each prompt to its deployment (ASAP does not ship one)")
     if emulated:
         out.append("  (attention TP > 1 runs with emulated compute only: real-compute tensor parallelism is not built)")
     return out

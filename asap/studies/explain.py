@@ -1,6 +1,6 @@
 """`asap sim explain`: where the time of a simulated run goes, per die (every figure SIMULATED).
 
-For one configuration (asap.studies.tune.EngineConfig) at one rate, over a window of the run (by default the
+For one configuration (asap.studies.config.EngineConfig) at one rate, over a window of the run (by default the
 middle third of the arrivals, at most WINDOW_S seconds: a steady state, and a bounded number of spans):
 - every unit of dies gets busy / stall / idle seconds that add up to the window:
   - sync: a rank is one DP group (attention TP dies; it also holds 1/N of the experts). busy = its
@@ -40,7 +40,7 @@ from asap.studies.experiments import at_rate
 from asap.sim.hardware import get_hardware
 from asap.sim.run import build_engine, get_model, instance_tokens_per_s, split_instances, sync_fleet_parts
 from asap.sim.simulator import Simulator
-from asap.studies.tune import EngineConfig
+from asap.studies.config import EngineConfig
 from asap.workload.slo import add_slo_flag, parse_slo
 
 LABEL = "SIMULATED"
@@ -315,7 +315,7 @@ def config_from_args(a) -> EngineConfig:
             return EngineConfig(**fields)
         except (ValueError, TypeError) as e:
             raise ValueError(f"--config must be a JSON object of EngineConfig fields "
-                             f"(asap.studies.tune.EngineConfig), e.g. '{{\"engine\": \"sync\", \"attention_tp\": 4}}': {e}")
+                             f"(asap.studies.config.EngineConfig), e.g. '{{\"engine\": \"sync\", \"attention_tp\": 4}}': {e}")
     if a.engine is None:
         raise ValueError("give --engine (with the layout flags) or --config")
     return EngineConfig(a.engine, attention_tp=a.attention_tp, token_budget=a.chunk, instances=a.instances,
@@ -334,7 +334,7 @@ def add_parser(sub) -> None:
     e.add_argument("--engine", choices=["sync", "async"], default=None,
                    help="engine to simulate (required unless --config gives it)")
     e.add_argument("--config", default=None, metavar="JSON",
-                   help="the whole configuration as JSON, asap.studies.tune.EngineConfig's fields, e.g. a row's "
+                   help="the whole configuration as JSON, asap.studies.config.EngineConfig's fields, e.g. a row's "
                         "\"config\" in `asap sim headline`'s headline.json (length-aware fleets included); "
                         "replaces --engine and the layout flags below")
     e.add_argument("--devices", type=int, default=32, help="devices of the simulated cluster")

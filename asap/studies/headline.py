@@ -33,7 +33,9 @@ from asap.sim.cost import CostModel
 from asap.sim.run import get_model, run
 from asap.sim.trace_export import write_trace
 from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
-from asap.studies.tune import CONFIRM, CRITERIA, FLEET_FRACTIONS, REFINE, EngineConfig, pass_values, space, tune
+from asap.studies.config import EngineConfig
+from asap.studies.space import FLEET_FRACTIONS, space
+from asap.studies.tune import CONFIRM, CRITERIA, REFINE, pass_values, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -119,7 +121,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     resume: an earlier headline (its JSON): each workload continues from its last row to the device counts
     above it (coarse to fine from there), and the earlier rows are kept.
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
-    fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.tune.space).
+    fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.space.space).
     sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
     arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
     criteria), so no rate passes on a queue that grows; each workload is then read for CONFIRM x num_requests
