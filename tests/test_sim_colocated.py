@@ -228,13 +228,13 @@ def test_headline_traces_show_one_instance_of_a_multi_instance_colocated_row(tmp
     co-located async row used to be run on all the devices and refused)."""
     import dataclasses
 
-    from asap.studies.headline import _write_traces
+    from asap.studies.headline_output import write_traces
     from asap.workload.slo import parse_slo
     configs = {"sync": EngineConfig("sync", 4, 8192, instances=2),
                "async": EngineConfig("async", 4, 8192, instances=2, attention_workers=4, colocated=True)}
     row = {"devices": 32, **{e: {"config": dataclasses.asdict(c), "max_slo_rate": 2.0, "num_requests": 40}
                              for e, c in configs.items()}}
-    _write_traces(row, parse_slo("2s+1ms/tok"), "fixed-2k", 40, "deepseek-v3", "cloudmatrix384", tmp_path, 2.0)
+    write_traces(row, parse_slo("2s+1ms/tok"), "fixed-2k", 40, "deepseek-v3", "cloudmatrix384", tmp_path, 2.0)
     assert (tmp_path / "trace_sync_32.json").stat().st_size > 0
     assert (tmp_path / "trace_async_32.json").stat().st_size > 0
 

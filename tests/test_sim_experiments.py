@@ -85,7 +85,7 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
     assert "every prompt-length bucket" in printed and "by prompt length" in printed and "95%" in printed
     assert (tmp_path / "headline.png").stat().st_size > 0
     assert any(e["ph"] == "X" for e in json.loads((tmp_path / "trace_async_4.json").read_text())["traceEvents"])
-    from asap.studies.headline import merge_headlines
+    from asap.studies.headline_output import merge_headlines
     merged = merge_headlines([tmp_path, tmp_path], tmp_path / "merged")
     assert len(merged["rows"]) == 2 * len(out["rows"]) and (tmp_path / "merged" / "headline.png").stat().st_size > 0
 

@@ -1,7 +1,11 @@
 """Studies on the simulator: what the project measures with it, above the engine.
 
-- tune.py        the configuration search (EngineConfig, space, tune): one rule for both engines
+- config.py      EngineConfig: one configuration of either engine
+- space.py       the configuration spaces an operator of each engine would search
+- screen.py      the screen and the vet: which candidates get a rate search
+- tune.py        the configuration search (tune): one rule for both engines
 - headline.py    `asap sim headline`: best-tuned sync vs best-tuned async per workload and cluster size
+- headline_output.py  what it prints and writes (rows, JSON, plot, traces)
 - plan.py        `asap plan`: the analytic A:E split and a short search for one deployment
 - explain.py     `asap sim explain`: where a simulated run's time goes (busy / stall / idle, link, batches)
 - calibrate.py   the cost model against every published prefill point; op-rate fits

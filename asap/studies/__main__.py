@@ -141,7 +141,7 @@ def run_command(a) -> int:
         return a.run(a)
     if a.cmd == "headline":
         if a.merge:
-            from asap.studies.headline import format_row, merge_headlines
+            from asap.studies.headline_output import format_row, merge_headlines
             merged = merge_headlines(a.merge, a.out)
             for row in merged["rows"]:
                 print(format_row(row))
