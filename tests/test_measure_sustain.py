@@ -79,17 +79,24 @@ def test_rate_searches_take_the_sustained_criteria():
 
 
 def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_path):
-    from asap.studies.headline import DEFAULT_SLO, SUSTAINED, run_headline
+    """A resume across search rules is refused, and the refusal names the rule each side has by its flags."""
+    from asap.studies.headline import DEFAULT_SLO, SUSTAINED, run_headline, search_rule
     from asap.workload.slo import parse_slo
     earlier = {"slo": str(parse_slo(DEFAULT_SLO)), "model": "deepseek-v3", "hardware": "cloudmatrix384",
                "rows": [], "sustained": False}
-    with pytest.raises(ValueError, match="sustain rule"):
+    with pytest.raises(ValueError, match="sustained: no --sustained there, --sustained --no-vet here"):
         run_headline((8,), ("fixed-4k",), resume=earlier, sustained=True, out_dir=None, verbose=False)
+    vetted = dict(earlier, sustained=search_rule(True, True))
+    with pytest.raises(ValueError, match=r"sustained: --sustained \(--vet\) there, --sustained --no-vet here"):
+        run_headline((8,), ("fixed-4k",), resume=vetted, sustained=True, out_dir=None, verbose=False)
+    with pytest.raises(ValueError, match=r"hardware: cloudmatrix384 there, h800 here"):
+        run_headline((8,), ("fixed-4k",), resume=vetted, hardware="h800", sustained=True, vet=True, out_dir=None,
+                     verbose=False)
     drain_only = dict(earlier, sustained=True)        # recorded before the thirds joined the rule
-    with pytest.raises(ValueError, match="sustain rule"):
+    with pytest.raises(ValueError, match="an older rule no flag gives now"):
         run_headline((8,), ("fixed-4k",), resume=drain_only, sustained=True, out_dir=None, verbose=False)
     thirds = dict(earlier, sustained=RULE)            # recorded before tune confirmed maxima on longer samples
-    with pytest.raises(ValueError, match="sustain rule"):
+    with pytest.raises(ValueError, match="an older rule no flag gives now"):
         run_headline((8,), ("fixed-4k",), resume=thirds, sustained=True, out_dir=None, verbose=False)
     with pytest.raises(ValueError, match="no row for workload"):
         run_headline((8,), ("fixed-4k",), resume=dict(earlier, sustained=SUSTAINED), sustained=True, out_dir=None,

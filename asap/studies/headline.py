@@ -151,10 +151,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev: dict[str, list[EngineConfig]] = {}
         prev_devices = None
         if resume is not None:
-            if resume["slo"] != str(base_slo) or resume["model"] != str(model) or resume["hardware"] != str(hardware) \
-                    or resume.get("prefix_cache", False) != prefix_cache or resume.get("sustained", False) != search_rule(sustained, vet):
-                raise ValueError("resume: the earlier headline has another model, hardware, SLO, prefix cache or "
-                                 "sustain rule (--sustained, --vet)")
+            _check_resume(resume, dict(model=str(model), hardware=str(hardware), slo=str(base_slo),
+                                       prefix_cache=prefix_cache, sustained=search_rule(sustained, vet)))
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -290,6 +288,23 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
             "fleet_fractions": list(fleet_fractions), "sustained": search_rule(sustained, vet)}
+
+
+def _check_resume(resume: dict, now: dict) -> None:
+    """Refuse to resume a headline made under other settings, naming each one that differs, as it was there
+    and as it is now (the search rule by the flags that give it)."""
+    def shown(k, v):
+        if k == "prefix_cache":
+            return "--prefix-cache" if v else "no --prefix-cache"
+        if k == "sustained":
+            flags = {search_rule(True, True): "--sustained (--vet)", search_rule(True, False): "--sustained --no-vet",
+                     False: "no --sustained"}
+            return flags.get(v, f"an older rule no flag gives now ({v})")
+        return str(v)
+    was = {k: resume.get(k, False if k in ("prefix_cache", "sustained") else None) for k in now}
+    diff = [f"{k}: {shown(k, was[k])} there, {shown(k, now[k])} here" for k in now if was[k] != now[k]]
+    if diff:
+        raise ValueError("resume: the earlier headline was made under other settings (" + "; ".join(diff) + ")")
 
 
 def search_rule(sustained: bool, vet: bool) -> str | bool:
