@@ -188,8 +188,8 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
 
 def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_one(monkeypatch):
     """Under a "-sustained" criterion a queue that grows slower than the search's sample passes every third
-    of it. Given the workload continued (`longer`), tune re-simulates each refined maximum on twice the
-    requests: TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4 (2.6 on both) is
+    of it. Given the workload continued (`longer`), tune re-simulates each refined maximum on all of it
+    (here twice the requests): TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4 (2.6 on both) is
     the best, reported with the longer sample's size. The default criterion ignores `longer` (the same result)."""
     import types
 
@@ -352,9 +352,10 @@ def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(
     """The conversation trace at 32 dies: the tuned async fleet reaches 2.62 req/s on the 750 requests its
     maximum was searched on, 2.80 on 1,500, and fails 2.81 on 3,000. Searching each finalist on the short
     sample and only searching down on the confirmation's reported the short sample's figure. Under vet each
-    finalist is searched on the vet's sample from its vetted bracket, and confirmed on twice that, where it
-    can still be searched down. In miniature: A sustains 2.0 on the short samples, 2.6 on the vet's and 2.4
-    on twice that; B 2.1 on the short ones and 2.0 on more. A wins at its maximum on the longest sample."""
+    finalist is searched on the vet's sample from its vetted bracket, and confirmed on the longer sample the
+    caller gives (all of it), where it can still be searched down. In miniature: A sustains 2.0 on the short
+    samples, 2.6 on the vet's and 2.4 on more; B 2.1 on the short ones and 2.0 on more. A wins at its maximum
+    on the longest sample."""
     import types
 
     import asap.studies.tune as tune_mod
@@ -378,9 +379,38 @@ def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(
     rows = {c["config"]["token_budget"] * 10 + c["config"]["instances"]: c for c in t.candidates}
     row = rows[a.token_budget * 10 + a.instances]
     assert t.best == a and 2.28 <= t.max_slo_rate <= 2.4
-    assert row["num_requests"] == 124 and t.num_requests == row["sustained_num_requests"] == 248
+    assert row["num_requests"] == 124 and t.num_requests == row["sustained_num_requests"] == len(reqs)
     assert 2.47 <= t.search_rate <= 2.6 and row["coarse_rate"] is None     # searched on the vet's sample only
     plain = tune(reqs[:2001], "sync", 8, longer=reqs, **kw)                # the old path stays as it was
     assert plain.max_slo_rate <= 2.1
     edge = tune(reqs[:100], "sync", 8, vet=True, longer=reqs[:124], **kw)  # nothing longer than the vet's sample
     assert edge.best == a and edge.num_requests == 124 and edge.search_rate == edge.max_slo_rate >= 2.47
+
+
+def test_both_engines_are_confirmed_on_the_same_requests_whatever_their_searches_sampled(monkeypatch):
+    """The synthetic trace at 32 dies: each engine's search sample is sized by its own capacity, and each
+    maximum was confirmed on twice its own sample, so sync was held on 1,500 requests and async on 2,992 of a
+    trace whose later part is heavier (0.93x; 1.43x on the same 2,992). Confirmation is on all of `longer`,
+    so two tunes given the same `longer` report maxima on the same requests. In miniature: a slow candidate
+    (searched on few requests) and a fast one (on more), each sustaining less on the trace's later part."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
+    short, longer = reqs[:2001], reqs
+    served = {1: (0.5, 0.4), 4: (4.0, 3.2)}        # (max on <= 2,001 requests, max on more), req/s
+
+    def fake_run(requests, spec):
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[spec.attention_tp][len(requests) > 2001] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+    kw = dict(criterion="requests-sustained", longer=longer, **SMALL)
+    slow = tune(short, "sync", 8, candidates=[EngineConfig("sync", 1, 4096)], start_rate=0.5, **kw)
+    fast = tune(short, "sync", 8, candidates=[EngineConfig("sync", 4, 4096)], start_rate=4.0, **kw)
+    searched = [t.candidates[0]["num_requests"] for t in (slow, fast)]
+    assert searched[0] < searched[1] < len(longer) // 2     # the searches sampled differently, both short
+    assert slow.num_requests == fast.num_requests == len(longer)
+    assert 0.38 <= slow.max_slo_rate <= 0.4 and 3.04 <= fast.max_slo_rate <= 3.2

@@ -46,9 +46,9 @@ class DemoSettings:
     sim_workload: str = "conversation"
     sim_slo: str = "2s+1ms/tok"
     # the README table's search rule for that row: both engines' fleets at these wide shares, --sustained
-    # (a rate passes only if the run drains and holds in each arrival third; maxima confirmed on twice the sample)
-    # and --vet (the screen's leaders re-ranked on that longer sample, the finalists searched there and
-    # confirmed on twice as many)
+    # (a rate passes only if the run drains and holds in each arrival third; both engines' maxima confirmed on
+    # the same twice-the-sample requests) and --vet (the screen's leaders re-ranked on a longer sample, the
+    # finalists searched there)
     sim_fleet_fractions: tuple[float, ...] = (0.25, 0.5, 0.625, 0.75)
     sim_sustained: bool = True
     sim_vet: bool = True

@@ -92,13 +92,14 @@ def add_commands(sub, extra=()) -> None:
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
-                        "queue that grows until the run ends (off by default, which keeps the stored results' rule)")
+                        "queue that grows until the run ends; each engine's maxima are then confirmed on twice the row's "
+                        "requests, the same requests for both (off by default, which keeps the stored results' rule)")
     h.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
                    help="with --sustained (on by default there; --no-vet: the older rule, of the rows stored without "
                         "it): re-rank the screen's leading candidates (and the secondary variants of the "
                         "best four of them) on the longer sample each maximum is confirmed on, raising the rate for "
                         "those that tie at its top, before choosing the finalists; search each finalist on that "
-                        "sample and confirm it on twice as many (the short screen can rank a fleet whose "
+                        "sample and confirm it as --sustained does (the short screen can rank a fleet whose "
                         "long-prompt queue grows slowly first); the same for both engines")
     h.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead: merge the headline.json of runs over other workloads into --out")

@@ -44,8 +44,9 @@ DEFAULT_SLO = "2s+1ms/tok"
 NUM_REQUESTS = 1500            # the least requests a row samples (each search uses as few as the burst rule allows)
 TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target (the row is tuned at 0.9)
 # the rule a --sustained headline records (a resume across rules is refused); runs of 2026-12-03 recorded
-# SUSTAIN_RULE alone, before tune confirmed each maximum on a longer sample
-SUSTAINED = f"{SUSTAIN_RULE}; each maximum confirmed on {CONFIRM}x its requests"
+# SUSTAIN_RULE alone, before tune confirmed each maximum on a longer sample, and runs to 2026-12-05
+# "...; each maximum confirmed on 2x its requests", each engine on twice its own search sample
+SUSTAINED = f"{SUSTAIN_RULE}; each maximum confirmed on the row's {CONFIRM}x requests, the same for both engines"
 VETTED = "; the screen's leaders re-ranked on that sample, every finalist confirmed"     # --vet (tune's vet)
 
 
@@ -124,8 +125,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
     arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
     criteria), so no rate passes on a queue that grows; each workload is then read for CONFIRM x num_requests
-    requests, and tune confirms every refined maximum on CONFIRM x the requests its search used (a queue that
-    grows slower than the sample shows there); the skeptic's views of a row use the longer sample too.
+    requests, and tune confirms every refined maximum of either engine on all of them (a queue that grows
+    slower than the sample shows there; both engines on the same requests); the skeptic's views of a row use
+    the longer sample too.
     vet (with sustained): each tune re-ranks its screen's leaders on that longer sample before choosing its
     finalists, and confirms every finalist (asap.studies.tune.tune's vet); recorded in the rule."""
     if vet and not sustained:

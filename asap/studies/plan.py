@@ -208,10 +208,10 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     EngineConfig.spec() gives the engine asap.sim.run.run simulates; None where no candidate has a valid rate
     (Tuned.reason says why). executor (asap.studies.parallel): where the simulations run (default: one after
     another); the results are the same for any. sustained: the headline's --sustained rule (a rate passes only
-    if the run drains in time and holds the target in each arrival third, and each refined maximum is
-    confirmed on CONFIRM x the requests its search used); vet (with sustained): the headline's --vet (each tune
-    re-ranks its screen's leaders on that longer sample, searches its finalists there and confirms them on
-    CONFIRM x as many, asap.studies.tune.tune)."""
+    if the run drains in time and holds the target in each arrival third, and each refined maximum of either
+    engine is confirmed on the same CONFIRM x num_requests requests); vet (with sustained): the headline's
+    --vet (each tune re-ranks its screen's leaders on a longer sample, searches its finalists there and
+    confirms them as above, asap.studies.tune.tune)."""
     if vet and not sustained:
         raise ValueError("vet re-ranks on the sample the sustained rule confirms on: set sustained too")
     from asap.studies.tune import CONFIRM, tune

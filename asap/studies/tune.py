@@ -19,14 +19,17 @@ require the run to drain within its longest TTFT budget after its last arrival a
 third of the run by arrival (asap.measure.sustain), so a rate at which a queue grows until the run ends (one
 group's, or everyone's) does not pass. A queue that grows slower than the sample still passes each third of
 it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
-on CONFIRM x its requests: simulated there at the rate found, and where it fails there, searched down on
-them (`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size.
+on all of `longer`: simulated there at the rate found, and where it fails there, searched down on it
+(`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size. The
+caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines of a comparison are
+confirmed on the same requests whatever samples their searches used (confirming each on CONFIRM x its own
+search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
 With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's
 leaders are first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of
 the SCREEN_KEEP best vetted are vetted beside them; leaders that pass the vet's whole grid have it raised
 while more than FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL)
 on the vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and
-confirmed on CONFIRM x the vet's sample as above (where the workload has that many requests): the screen's short sample can rank a
+confirmed on all of `longer` as above (the vet's sample: CONFIRM x the screen's, where `longer` has that many): the screen's short sample can rank a
 candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
 above one that sustains more, which the confirmation of the finalists alone cannot undo; the secondary
 knobs screened for the short sample's best are not those of the best the vet finds; and a maximum searched
@@ -56,7 +59,7 @@ from asap.sim.run import run
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
 TARGET = 0.9                # the attainment the criteria require by default
-CONFIRM = 2                 # "-sustained" criteria: each refined maximum is confirmed on CONFIRM x its requests
+CONFIRM = 2                 # the vet's sample: CONFIRM x the screen's; callers size `longer` with it too
 CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment",
             "requests-sustained": "sustained_attainment", "every-bucket-sustained": "sustained_min_bucket_attainment"}
 
@@ -90,7 +93,7 @@ class Tuned:
     criterion: str = "requests"
     num_screened: int = 0               # candidates the screen simulated (and, with vet, those only vetted)
     # "-sustained" with `longer`: the best's maximum on its search's requests, before the confirmation on
-    # num_requests (CONFIRM x as many); None where no confirmation ran
+    # num_requests (all of `longer`); None where no confirmation ran
     search_rate: float | None = None
 
 
@@ -112,12 +115,13 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     result is the same as a serial run's (default). progress: prints a line per simulation (to stderr).
     fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.space.space).
     longer: the same workload continued (more requests, the first len(requests) of them `requests`); under a
-    "-sustained" criterion each refined maximum found on n requests is confirmed on its first CONFIRM x n
-    (`_confirm`), and the best confirmed one wins. Ignored under the other criteria.
+    "-sustained" criterion each refined maximum is confirmed on all of it (`_confirm`), and the best confirmed
+    one wins: give both engines the same `longer` and both are confirmed on the same requests. Ignored under
+    the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
     sample before the finalists are chosen (asap.studies.screen.vet; with the space's candidates, the secondary variants of the
     SCREEN_KEEP best vetted are then vetted too), and every finalist is searched on that sample from its
-    vetted bracket and confirmed on CONFIRM x as many (where `longer` has them): the short screen can rank a
+    vetted bracket and confirmed on all of `longer`: the short screen can rank a
     candidate whose queue grows slowly above one that sustains more, and understate one the longer sample
     shows sustaining more."""
     if criterion not in CRITERIA:
@@ -288,7 +292,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     if confirm:
         jobs, ms = [], []
         for r in valid:
-            m = max(r["n"], min(len(longer), CONFIRM * r["n"]))
+            m = len(longer)     # the same requests for every maximum (and, given the same `longer`, engine)
             pool, ms = longer, ms + [m]
             # searched on all of `longer` (the vet's sample can be): nothing longer to confirm it on
             jobs.append(None if m == r["n"] else
@@ -359,7 +363,7 @@ def _search(job: tuple) -> tuple[dict, dict]:
 
 
 def _confirm(job: tuple) -> tuple[dict, dict]:
-    """A refined maximum on CONFIRM x its search's requests (an executor's task): `task` simulates the longer
+    """A refined maximum on the confirmation sample (all of tune's `longer`; an executor's task): `task` simulates the longer
     sample; where it passes at the rate found, that rate stands ("held"), else the maximum is searched for
     below it on the longer sample (find_max_rate, `kw`). Returns the answer and the simulations added."""
     task, kw = job
