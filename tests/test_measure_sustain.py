@@ -98,6 +98,9 @@ def test_the_headline_records_its_rule_and_refuses_to_resume_across_rules(tmp_pa
     thirds = dict(earlier, sustained=RULE)            # recorded before tune confirmed maxima on longer samples
     with pytest.raises(ValueError, match="an older rule no flag gives now"):
         run_headline((8,), ("fixed-4k",), resume=thirds, sustained=True, out_dir=None, verbose=False)
+    own_samples = dict(earlier, sustained=f"{RULE}; each maximum confirmed on 2x its requests")  # to 2026-12-05
+    with pytest.raises(ValueError, match="an older rule no flag gives now"):
+        run_headline((8,), ("fixed-4k",), resume=own_samples, sustained=True, out_dir=None, verbose=False)
     with pytest.raises(ValueError, match="no row for workload"):
         run_headline((8,), ("fixed-4k",), resume=dict(earlier, sustained=SUSTAINED), sustained=True, out_dir=None,
                      verbose=False)

@@ -160,9 +160,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
             rows += done
             prev_devices = done[-1]["devices"]
-            for engine in ("sync", "async"):
-                ranked = _ranked(done[-1][engine]["candidates"])
-                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1]]
+            for engine in ("sync", "async"):     # as an unresumed run carries them on (a first row: REFINE)
+                prev[engine] = _carry(done[-1][engine], first=len(done) == 1)
         todo = [d for d in device_counts if prev_devices is None or d > prev_devices]   # resumed rows are kept
         if resume is not None and not todo:
             raise ValueError(f"resume: workload {wl!r} already has rows up to {prev_devices} devices; "
@@ -206,9 +205,6 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  dict(kw, executor=inner, longer=pool if sustained else None))
                 for engine, kw in zip(("sync", "async"), searches)])
             for engine, (t, eb) in zip(("sync", "async"), tuned):
-                ranked = _ranked(t.candidates)
-                prev[engine] = [EngineConfig(**c["config"]) for c in ranked[:1 if prev_devices else REFINE]] or \
-                    (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions))
                 row[engine] = {"config": dataclasses.asdict(t.best) if t.best else None,
                                "describe": t.best.describe(devices) if t.best else None,
                                "max_slo_rate": t.max_slo_rate, "ttft_p90_s": t.ttft_p90_s,
@@ -226,6 +222,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                         "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
                         "num_requests": eb.num_requests, "num_sims": eb.num_sims, "reason": eb.reason,
                         "lower_bound": eb.lower_bound, "buckets": eb.buckets}
+                prev[engine] = _carry(row[engine], first=prev_devices is None) or \
+                    (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions))
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
@@ -267,6 +265,16 @@ def _ranked(candidates: list[dict]) -> list[dict]:
             return (0, -c["sustained_rate"]) if c["sustained_rate"] else (3, -(c["fine_rate"] or c["coarse_rate"]))
         return (1, -c["fine_rate"]) if c["fine_rate"] else (2, -c["coarse_rate"])
     return sorted((c for c in candidates if c["fine_rate"] or c["coarse_rate"]), key=key)
+
+
+def _carry(engine_row: dict, first: bool) -> list[EngineConfig]:
+    """The configurations one engine's row hands the next device count (scaled and replicated there): its best
+    REFINE by the headline's criterion from a row's first device count, its best one from later ones
+    (_ranked), and its best by the every-length-bucket criterion, which the next row's every-bucket tune would
+    otherwise never see (the 32-die conversation row's sync DP4 x TP4 + DP1 x TP16 at 4K, never tried at 64)."""
+    picked = [c["config"] for c in _ranked(engine_row["candidates"])[:REFINE if first else 1]]
+    eb = (engine_row.get("every_bucket") or {}).get("config")
+    return list(dict.fromkeys(EngineConfig(**c) for c in picked + ([eb] if eb else [])))
 
 
 def _tune_engine(job: tuple) -> tuple:
