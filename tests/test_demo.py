@@ -58,6 +58,11 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
     entry = json.loads(table.read_text())[headline_key(FULL)]
     assert entry["sync"]["max_slo_rate"] == 1.5 and entry["async"]["every_bucket_rate"] == 1.0
     assert entry["fingerprint"] == fingerprint() and entry["rule"] == tuning.headline_rule(FULL)
+    assert "STALE" not in tuning.headline_configs(FULL)["source"]
+    older = json.loads(table.read_text())       # made under a rule the headline no longer records: STALE
+    older[headline_key(FULL)]["rule"] = "drain ...; each maximum confirmed on 2x its requests"
+    table.write_text(json.dumps(older))
+    assert "older search rule: STALE" in tuning.headline_configs(FULL)["source"]
 
 
 def test_the_code_fingerprint_ignores_docstrings_and_comments_but_not_code():

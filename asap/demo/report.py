@@ -142,7 +142,8 @@ def _throughput(tuned: dict, source: str = "", runs: list | None = None) -> str:
     if "STALE" in source:       # the code under the stored tuning changed: its ratio is no result
         live = "; ".join(f"at {r['rate']:g} req/s sync {r['engines']['sync']['slo_attainment']:.0%} and async "
                          f"{r['engines']['async']['slo_attainment']:.0%} within SLO" for r in runs or [])
-        return (f"the stored tuning is STALE (the simulator changed since; rerun `python -m asap.demo.tuning`), so "
+        why = "the search rule" if "search rule" in source else "the simulator"
+        return (f"the stored tuning is STALE ({why} changed since; rerun `python -m asap.demo.tuning`), so "
                 f"its throughputs (async {ra:.1f} vs sync {rs:.1f} req/s) are not a result"
                 + (f"; the live runs at those rates: {live}" if live else ""))
     bs, ba = tuned["sync"]["max_slo_rate"] is None, tuned["async"]["max_slo_rate"] is None

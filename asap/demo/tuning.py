@@ -218,8 +218,13 @@ def tuned_configs(s: DemoSettings, devices: int, emulatable_only: bool, retune: 
 
 
 def headline_configs(s: DemoSettings) -> dict | None:
-    """The headline case's stored tuning (as tuned_configs), None where none is stored."""
+    """The headline case's stored tuning (as tuned_configs), None where none is stored; STALE (as for older
+    code) where the entry was made under another search rule than the one `asap sim headline` records now
+    for the demo's case: a rule can change while the settings that key the entry do not."""
     entry, source = _stored(headline_key(s))
+    if entry is not None and "STALE" not in source and entry.get("rule", "default") != (headline_rule(s) or "default"):
+        source = ("tuned offline under an older search rule: STALE (recorded as "
+                  f"{entry.get('rule', 'default')!r}; rerun `python -m asap.demo.tuning --from-headline`)")
     return None if entry is None else _configs(entry, source)
 
 
