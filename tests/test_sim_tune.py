@@ -189,8 +189,9 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
 def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_one(monkeypatch):
     """Under a "-sustained" criterion a queue that grows slower than the search's sample passes every third
     of it. Given the workload continued (`longer`), tune re-simulates each refined maximum on all of it
-    (here twice the requests): TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4 (2.6 on both) is
-    the best, reported with the longer sample's size. The default criterion ignores `longer` (the same result)."""
+    (here twice the requests): TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4
+    (2.6 on both) is the best, reported with the longer sample's size. The default criterion ignores
+    `longer` (the same result)."""
     import types
 
     import asap.studies.tune as tune_mod

@@ -67,7 +67,8 @@ def register(sub):
     p.add_argument("--sustained", action="store_true",
                    help="--tune: the headline table's rule (asap sim headline --sustained): a rate passes only if "
                         "the run drains within its longest TTFT budget after the last arrival and meets the target "
-                        "in each third of the run, and each maximum of either engine is confirmed on the same twice-the-sample requests")
+                        "in each third of the run, and each maximum of either engine is confirmed on the same "
+                        "twice-the-sample requests")
     p.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
                    help="--tune --sustained (on by default there; --no-vet: off): re-rank each search's leading "
                         "candidates on the longer sample before choosing its finalists, search them there and "

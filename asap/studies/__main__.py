@@ -92,8 +92,9 @@ def add_commands(sub, extra=()) -> None:
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
-                        "queue that grows until the run ends; each engine's maxima are then confirmed on twice the row's "
-                        "requests, the same requests for both (off by default, which keeps the stored results' rule)")
+                        "queue that grows until the run ends; each engine's maxima are then confirmed on twice "
+                        "the row's requests, the same requests for both (off by default, which keeps the stored "
+                        "results' rule)")
     h.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
                    help="with --sustained (on by default there; --no-vet: the older rule, of the rows stored without "
                         "it): re-rank the screen's leading candidates (and the secondary variants of the "

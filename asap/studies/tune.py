@@ -24,16 +24,16 @@ on all of `longer`: simulated there at the rate found, and where it fails there,
 caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines of a comparison are
 confirmed on the same requests whatever samples their searches used (confirming each on CONFIRM x its own
 search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
-With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's
-leaders are first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of
-the SCREEN_KEEP best vetted are vetted beside them; leaders that pass the vet's whole grid have it raised
-while more than FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL)
-on the vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and
-confirmed on all of `longer` as above (the vet's sample: CONFIRM x the screen's, where `longer` has that many): the screen's short sample can rank a
-candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far
-above one that sustains more, which the confirmation of the finalists alone cannot undo; the secondary
-knobs screened for the short sample's best are not those of the best the vet finds; and a maximum searched
-on the short sample is a floor the downward-only confirmation keeps even where the longer sample sustains
+With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
+first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP
+best vetted are vetted beside them; leaders that pass the vet's whole grid have it raised while more than
+FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample
+from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all of
+`longer` as above (the vet's sample: CONFIRM x the screen's, where `longer` has that many): the screen's short
+sample can rank a candidate whose queue grows slowly (a length-aware fleet with too few devices for its long
+prompts) far above one that sustains more, which the confirmation of the finalists alone cannot undo; the
+secondary knobs screened for the short sample's best are not those of the best the vet finds; and a maximum
+searched on the short sample is a floor the downward-only confirmation keeps even where the longer sample sustains
 more (the 32-die conversation row's async fleet: 2.62 req/s on 750 requests, 2.80 on 1,500).
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
@@ -363,7 +363,8 @@ def _search(job: tuple) -> tuple[dict, dict]:
 
 
 def _confirm(job: tuple) -> tuple[dict, dict]:
-    """A refined maximum on the confirmation sample (all of tune's `longer`; an executor's task): `task` simulates the longer
+    """A refined maximum on the confirmation sample (all of tune's `longer`; an executor's task): `task`
+    simulates the longer
     sample; where it passes at the rate found, that rate stands ("held"), else the maximum is searched for
     below it on the longer sample (find_max_rate, `kw`). Returns the answer and the simulations added."""
     task, kw = job
