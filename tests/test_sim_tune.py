@@ -186,26 +186,31 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
     assert t.best == cands[-1]
 
 
+def _served_by_tp(served: dict, split: int):
+    """A stand-in for asap.sim.run.run: every request of a run meets its SLO where the run's rate is at most
+    served[attention TP][0] (runs of at most `split` requests) or [1] (longer runs), none otherwise."""
+    import types
+
+    def fake_run(requests, spec):
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[spec.attention_tp][len(requests) > split] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+    return fake_run
+
+
 def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_one(monkeypatch):
     """Under a "-sustained" criterion a queue that grows slower than the search's sample passes every third
     of it. Given the workload continued (`longer`), tune re-simulates each refined maximum on all of it
     (here twice the requests): TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4
     (2.6 on both) is the best, reported with the longer sample's size. The default criterion ignores
     `longer` (the same result)."""
-    import types
-
     import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(202)])
     short, longer = reqs[:101], reqs
     served = {1: (3.0, 2.0), 4: (2.6, 2.6)}        # (max on <= 101 requests, max on more), req/s
 
-    def fake_run(requests, spec):
-        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
-        ok = rate <= served[spec.attention_tp][len(requests) > 101] * (1 + 1e-9)
-        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
-                                                            deadline_s=2.0) for r in requests], stats={})
-
-    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "run", _served_by_tp(served, 101))
     cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
     plain = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests-sustained", **SMALL)
     assert plain.best == cands[0] and 2.85 <= plain.max_slo_rate <= 3.0 and plain.search_rate is None
@@ -394,20 +399,12 @@ def test_both_engines_are_confirmed_on_the_same_requests_whatever_their_searches
     trace whose later part is heavier (0.93x; 1.43x on the same 2,992). Confirmation is on all of `longer`,
     so two tunes given the same `longer` report maxima on the same requests. In miniature: a slow candidate
     (searched on few requests) and a fast one (on more), each sustaining less on the trace's later part."""
-    import types
-
     import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
     short, longer = reqs[:2001], reqs
     served = {1: (0.5, 0.4), 4: (4.0, 3.2)}        # (max on <= 2,001 requests, max on more), req/s
 
-    def fake_run(requests, spec):
-        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
-        ok = rate <= served[spec.attention_tp][len(requests) > 2001] * (1 + 1e-9)
-        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
-                                                            deadline_s=2.0) for r in requests], stats={})
-
-    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr(tune_mod, "run", _served_by_tp(served, 2001))
     kw = dict(criterion="requests-sustained", longer=longer, **SMALL)
     slow = tune(short, "sync", 8, candidates=[EngineConfig("sync", 1, 4096)], start_rate=0.5, **kw)
     fast = tune(short, "sync", 8, candidates=[EngineConfig("sync", 4, 4096)], start_rate=4.0, **kw)
