@@ -25,12 +25,14 @@ def _engine_row(engine: str, best: EngineConfig, runner_up: EngineConfig, every_
 def test_a_resumed_row_starts_from_the_best_of_both_criteria(monkeypatch, rows_before):
     """The 64-die conversation row's every-bucket tune never tried sync's every-bucket best of the 32-die row:
     a resumed row carried only the main criterion's best. Now both criteria's bests are carried (and, from a
-    row's first device count, REFINE by the main criterion, as a run that goes on carries them)."""
-    seen = {}
+    row's first device count, REFINE by the main criterion, as a run that goes on carries them), and every
+    carried candidate is refined (the synthetic 128-die row refined one of two that tied on its search sample)."""
+    seen, refined = {}, {}
 
     class Inline:       # the headline's serial map: records each engine's candidates instead of tuning
         def map(self, f, jobs):
             seen.update((j[1], j[6]["candidates"]) for j in jobs)
+            refined.update((j[1], j[6]["refine"]) for j in jobs)
             raise _Stop
     monkeypatch.setattr(headline, "Serial", Inline)
     workers = {"sync": (None,) * 3, "async": (4, 2, 1)}     # async: 4 attention dies of 8
@@ -47,3 +49,4 @@ def test_a_resumed_row_starts_from_the_best_of_both_criteria(monkeypatch, rows_b
         carried = set(seen[e])
         assert replicate(best, 2 * last, last) in carried and replicate(eb, 2 * last, last) in carried
         assert (replicate(runner_up, 2 * last, last) in carried) == (rows_before == 1)
+        assert refined[e] >= len(seen[e])

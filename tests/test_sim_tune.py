@@ -11,7 +11,7 @@ from asap.scheduler.request import Request
 from asap.sim.run import run
 from asap.studies.config import EngineConfig
 from asap.studies.space import instance_sizes, space
-from asap.studies.tune import tune
+from asap.studies.tune import Tuned, best_of_criteria, tune
 from asap.workload.slo import SLO
 
 SMALL = dict(model="small-deepseek-v3", hardware="h800")
@@ -354,14 +354,14 @@ def test_vet_breaks_a_tie_at_the_top_of_its_grid_by_raising_the_rate(monkeypatch
     assert top[-1]["vet_rate"] > max(r["vet_rate"] for r in top[:-1])
 
 
-def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(monkeypatch):
+def test_vet_ranks_and_searches_each_finalist_on_all_of_the_confirmation_sample(monkeypatch):
     """The conversation trace at 32 dies: the tuned async fleet reaches 2.62 req/s on the 750 requests its
-    maximum was searched on, 2.80 on 1,500, and fails 2.81 on 3,000. Searching each finalist on the short
-    sample and only searching down on the confirmation's reported the short sample's figure. Under vet each
-    finalist is searched on the vet's sample from its vetted bracket, and confirmed on the longer sample the
-    caller gives (all of it), where it can still be searched down. In miniature: A sustains 2.0 on the short
-    samples, 2.6 on the vet's and 2.4 on more; B 2.1 on the short ones and 2.0 on more. A wins at its maximum
-    on the longest sample."""
+    maximum was searched on, 2.80 on 1,500, and fails 2.81 on 3,000; and a vet on twice each engine's own
+    screen sample chose sync's finalists on 750 of the synthetic row's 3,000 requests and async's on 1,496.
+    Under vet each finalist is ranked and searched on all of the longer sample the caller gives (the one its
+    maximum is reported on, the same for both engines), so nothing is left to search down. In miniature: A
+    sustains 2.0 on the short samples, 2.6 on twice the screen's and 2.4 on more; B 2.1 on the short ones and
+    2.0 on more. A wins at its maximum on the longest sample, found there."""
     import types
 
     import asap.studies.tune as tune_mod
@@ -385,8 +385,9 @@ def test_vet_searches_each_finalist_on_its_sample_and_confirms_it_on_twice_that(
     rows = {c["config"]["token_budget"] * 10 + c["config"]["instances"]: c for c in t.candidates}
     row = rows[a.token_budget * 10 + a.instances]
     assert t.best == a and 2.28 <= t.max_slo_rate <= 2.4
-    assert row["num_requests"] == 124 and t.num_requests == row["sustained_num_requests"] == len(reqs)
-    assert 2.47 <= t.search_rate <= 2.6 and row["coarse_rate"] is None     # searched on the vet's sample only
+    assert row["num_requests"] == t.num_requests == row["sustained_num_requests"] == len(reqs)
+    assert t.search_rate == t.max_slo_rate and row["coarse_rate"] is None  # searched on the vet's sample only
+    assert row["vet_rate"] <= 2.4        # vetted on all of `longer`, not where A sustains 2.6
     plain = tune(reqs[:2001], "sync", 8, longer=reqs, **kw)                # the old path stays as it was
     assert plain.max_slo_rate <= 2.1
     edge = tune(reqs[:100], "sync", 8, vet=True, longer=reqs[:124], **kw)  # nothing longer than the vet's sample
@@ -412,3 +413,35 @@ def test_both_engines_are_confirmed_on_the_same_requests_whatever_their_searches
     assert searched[0] < searched[1] < len(longer) // 2     # the searches sampled differently, both short
     assert slow.num_requests == fast.num_requests == len(longer)
     assert 0.38 <= slow.max_slo_rate <= 0.4 and 3.04 <= fast.max_slo_rate <= 3.2
+
+
+def test_the_every_bucket_best_is_a_main_criterion_candidate(monkeypatch):
+    """Every bucket at 90% implies 90% of requests, so where an engine's every-bucket best sustains more than its
+    main-criterion best (the synthetic 32-die row: sync's every-bucket fleet 1.534 req/s, its main best 1.498),
+    the main result is that configuration, searched under the main criterion upward from there on the same
+    requests. In miniature: X's main maximum is 2.0; Y's every-bucket maximum 2.2, and all its requests are
+    within SLO up to 2.3."""
+    import types
+
+    import asap.studies.tune as tune_mod
+    reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(1001)])
+    x, y = EngineConfig("sync", 1, 4096), EngineConfig("sync", 2, 8192)
+    served = {x: 2.0, y: 2.3}
+
+    def fake_run(requests, spec):
+        c = x if spec.attention_tp == 1 else y
+        rate = (len(requests) - 1) / (requests[-1].arrival - requests[0].arrival)
+        ok = rate <= served[c] * (1 + 1e-9)
+        return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
+                                                            deadline_s=2.0) for r in requests], stats={})
+    monkeypatch.setattr(tune_mod, "run", fake_run)
+
+    def tuned(c, rate, criterion):
+        return Tuned("sync", 8, c, rate, 0.1, 100.0, candidates=[{"config": dataclasses.asdict(c)}],
+                     num_requests=len(reqs), criterion=criterion)
+    main = tuned(x, 2.0, "requests-sustained")
+    out = best_of_criteria(main, tuned(y, 2.2, "every-bucket-sustained"), reqs[:500], reqs, **SMALL)
+    assert out.best == y and 2.3 / 1.05 <= out.max_slo_rate <= 2.3 and out.num_requests == len(reqs)
+    assert out.criterion == "requests-sustained" and out.candidates[-1]["sustained_rate"] == out.max_slo_rate
+    assert best_of_criteria(main, tuned(y, 1.9, "every-bucket-sustained"), reqs[:500], reqs, **SMALL) is main
+    assert best_of_criteria(main, tuned(x, 2.2, "every-bucket-sustained"), reqs[:500], reqs, **SMALL) is main
