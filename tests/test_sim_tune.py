@@ -445,3 +445,5 @@ def test_the_every_bucket_best_is_a_main_criterion_candidate(monkeypatch):
     assert out.criterion == "requests-sustained" and out.candidates[-1]["sustained_rate"] == out.max_slo_rate
     assert best_of_criteria(main, tuned(y, 1.9, "every-bucket-sustained"), reqs[:500], reqs, **SMALL) is main
     assert best_of_criteria(main, tuned(x, 2.2, "every-bucket-sustained"), reqs[:500], reqs, **SMALL) is main
+    unranked = dataclasses.replace(main, best=None, max_slo_rate=None, lower_bound=2.5, lower_bound_config=x)
+    assert best_of_criteria(unranked, tuned(y, 2.2, "every-bucket-sustained"), reqs[:500], reqs, **SMALL) is unranked

@@ -340,8 +340,11 @@ def best_of_criteria(main: Tuned, per_bucket: Tuned, requests: list[Request], lo
     synthetic 32-die row's sync every-bucket fleet held 1.534 req/s, its main-criterion best 1.498). Then that
     configuration is searched under main's criterion on the requests its every-bucket maximum was certified on,
     upward from that maximum, and the better of the two is returned (with the search's row added to the
-    candidates); otherwise `main` as it is. cache: tune's, shared with both tunes (no simulation repeated)."""
+    candidates); otherwise `main` as it is, and so where main found that its requests cannot rank its candidates
+    (a lower bound, no best: a configuration naming a maximum there would hide that). cache: tune's, shared with
+    both tunes (no simulation repeated)."""
     if per_bucket.best is None or per_bucket.best == main.best or per_bucket.criterion == main.criterion \
+            or main.lower_bound is not None \
             or (main.max_slo_rate is not None and main.max_slo_rate >= per_bucket.max_slo_rate):
         return main
     n = per_bucket.num_requests
