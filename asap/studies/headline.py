@@ -10,8 +10,9 @@ same DP group shape, instances of 32; async: the same TP and chunk, A scaled wit
 N / N_before independent instances, for both engines alike). The ratio is then
 re-measured at other SLO scales (at the first device count) for the two best configurations, so its
 sensitivity to the SLO shows. Each later count starts its rate search from the earlier count's rate
-scaled by N / N_before, and refines and confirms every carried configuration. Each engine's main-criterion
-result is the better of its own best and its every-bucket best searched under the main criterion. `prefix_cache=True` (--prefix-cache) runs
+scaled by N / N_before; more than FINALISTS carried are vetted (with --vet) and the best FINALISTS searched,
+fewer are each refined and confirmed. Each engine's main-criterion result is the better of its own best
+and its every-bucket best searched under the main criterion. `prefix_cache=True` (--prefix-cache) runs
 every candidate of both engines with the same prefix cache (asap.scheduler.prefix_cache) and prints its hit rate.
 """
 from __future__ import annotations
@@ -194,7 +195,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 hint = None
                 if prev_devices is not None and rows and rows[-1][engine]["max_slo_rate"]:
                     hint = rows[-1][engine]["max_slo_rate"] * devices / prev_devices
-                # a continued row refines (and confirms) every carried candidate: they are few, and on the short
+                # a continued row refines (and confirms) every carried candidate that reaches a rate search (all
+                # of them where there are no more than FINALISTS, else the screen's or vet's best): on the short
                 # search sample two of them can tie that the confirmation sample tells apart (the synthetic 128-die
                 # row refined one of two tied on 1,750 requests, which held 4.17 req/s on 7,000; the other 5.91)
                 searches.append(dict(candidates=cands, start_rate=hint,
