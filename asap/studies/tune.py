@@ -360,8 +360,8 @@ def best_of_criteria(main: Tuned, per_bucket: Tuned, requests: list[Request], lo
             added += 1
             cache[k] = _simulate((pool, rate, engine, model, hardware, devices, c, 0.0, progress))
         return cache[k]
-    found = find_max_rate(measure, target=target, lo=per_bucket.max_slo_rate, hi=per_bucket.max_slo_rate * (1 + COARSE_TOL),
-                          tol=FINE_TOL, max_iters=10, key=key,
+    found = find_max_rate(measure, target=target, lo=per_bucket.max_slo_rate,
+                          hi=per_bucket.max_slo_rate * (1 + COARSE_TOL), tol=FINE_TOL, max_iters=10, key=key,
                           burst_above=burst_limit(n, sum(r.deadline - r.arrival for r in pool) / n))
     row = {"config": dataclasses.asdict(c), "describe": c.describe(devices), "coarse_rate": None,
            "coarse_reason": "the every-bucket best, searched under this criterion", "num_requests": n,
