@@ -29,7 +29,8 @@ class RuntimeConfig:
     microbatches: int = _f(2, "micro-batches in flight per replica (ping-pong depth); sync: 1 or 2 (two-batch overlap)")
     adaptive_depth: bool = _f(False, "async: adapt the number of micro-batches to the expert round-trip")
     router: str = _f("queue-aware", "request router across replicas")
-    order: str = _f("fcfs", "per-replica order: fcfs, sjf or edf")
+    order: str = _f("fcfs", "per-replica order: fcfs, sjf, edf, or the preemptive srpt and edf-preempt (a started "
+                                "request yields to a shorter / earlier-deadline one at each chunk)")
     selector: str = _f("oldest", "expert work selection: oldest, largest, deadline, or fullest (the layer with "
                                  "the most ready tokens first, which merges the most work per expert weight read)")
     expert_max_wait_ms: float = _f(20.0, "selector fullest: a layer whose oldest work has waited this long goes "
@@ -86,6 +87,9 @@ class RuntimeConfig:
             self._check_fleet()
         if self.colocated:
             self._check_colocated()
+        from asap.scheduler.replica import ORDERS
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         from asap.scheduler.expert_select import SELECTORS
         if self.selector not in SELECTORS:
             raise ValueError(f"selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")

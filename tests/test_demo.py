@@ -44,6 +44,7 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
     for change, why in (({"code_fingerprint": "0" * 12}, "other simulation code"), ({"slo": "5s"}, "demo's case"),
                         ({"rows": []}, "no conversation row"), ({"sustained": False}, "another search rule"),
                         ({"fleet_fractions": [0.5]}, "wide shares"), ({"num_requests": 3000}, "sampled 3000"),
+                        ({"orders": ["fcfs", "srpt"]}, "queue orders"),
                         ({"num_requests": None}, "sampled None")):       # sized per row, and the row does not say
         (tmp_path / "h.json").write_text(json.dumps({**doc, **change}))
         assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 2

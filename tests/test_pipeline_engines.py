@@ -64,6 +64,12 @@ def test_a_field_the_simulator_cannot_honour_is_an_error_naming_it():
         engine_spec(RuntimeConfig(), "both")
 
 
+def test_an_unknown_queue_order_is_refused_when_configured():
+    with pytest.raises(ValueError, match="order must be one of fcfs, sjf, edf, srpt, edf-preempt"):
+        RuntimeConfig(order="lifo")
+    assert engine_spec(RuntimeConfig(order="srpt"), "async").order == "srpt"
+
+
 def test_sim_target_runs_the_mapped_engine():
     rt = RuntimeConfig(attention_workers=1, expert_workers=1, token_budget=256, hardware="h800")
     t = sim_target("async", "tiny-deepseek-v3", rt, 2)

@@ -24,7 +24,9 @@ CASES = [
     ("async", "shm", dict(attention_workers=2, expert_workers=2, microbatches=3, adaptive_depth=True,
                           selector="largest", aggregation_window_ms=1.0)),
     ("async", "shm", dict(attention_workers=3, expert_workers=2, selector="fullest", expert_max_wait_ms=5.0)),
+    ("async", "shm", dict(attention_workers=2, expert_workers=2, order="srpt")),    # started prompts pause
     ("sync", "shm", dict(devices=2)),
+    ("sync", "shm", dict(devices=2, order="srpt")),
     ("sync", "shm", dict(devices=3, microbatches=1)),
     ("sync", "gloo", dict(devices=2)),
 ]

@@ -77,6 +77,27 @@ def test_partially_prefilled_requests_continue_first():
     assert sched.schedule(0.0) == {1: 100}
 
 
+def test_preemptive_orders_let_a_short_request_pass_a_started_long_one():
+    for order, short in (("srpt", dict(num_tokens=5)), ("edf-preempt", dict(num_tokens=5, deadline=2.0))):
+        sched = ReplicaScheduler(token_budget=100, order=order)
+        sched.add(Request(id=1, num_tokens=1000, deadline=100.0))
+        sched.commit(sched.schedule(0.0))
+        sched.add(Request(id=2, arrival=0.5, **short))
+        assert sched.schedule(0.5) == {2: 5, 1: 95}                # #1 resumes with what #2 leaves
+        sched.commit({2: 5, 1: 95})
+        assert sched.get(1).num_computed == 195                   # paused at a chunk, nothing recomputed
+
+
+def test_srpt_reads_a_running_requests_remaining_tokens_each_step():
+    sched = ReplicaScheduler(token_budget=10, order="srpt", max_running=2)
+    sched.add(Request(id=1, num_tokens=25))
+    sched.commit(sched.schedule(0.0))                             # #1: 15 left
+    sched.add(Request(id=2, num_tokens=20))
+    assert list(sched.schedule(0.0)) == [1]                       # 15 < 20: the started one keeps going
+    sched.commit({1: 10})
+    assert sched.schedule(0.0) == {1: 5, 2: 5}
+
+
 def test_starvation_guard_promotes_an_old_request_under_sjf():
     old = Request(id=1, num_tokens=50, arrival=0.0)
     short = [Request(id=2 + i, num_tokens=10, arrival=9.0) for i in range(3)]
@@ -163,10 +184,14 @@ class SortedReference:
         self.budget, self.order, self.starvation_s, self.max_running = token_budget, order, starvation_s, max_running
         self.waiting, self.running, self.seq = [], [], 0
 
+    def key(self, req):
+        """The order's key of `req` as it stands now (the preemptive orders read it again at every step)."""
+        by = {"srpt": "sjf", "edf-preempt": "edf"}.get(self.order, self.order)
+        return {"fcfs": (req.arrival, 0.0), "sjf": (req.num_remaining, req.arrival),
+                "edf": (float("inf") if req.deadline is None else req.deadline, req.arrival)}[by]
+
     def add(self, req):
-        key = {"fcfs": (req.arrival, 0.0), "sjf": (req.num_remaining, req.arrival),
-               "edf": (float("inf") if req.deadline is None else req.deadline, req.arrival)}[self.order]
-        self.waiting.append((req.priority, key, self.seq, req))
+        self.waiting.append((req.priority, self.key(req), self.seq, req))
         self.seq += 1
 
     def abort(self, rid):
@@ -179,6 +204,21 @@ class SortedReference:
             starved = self.starvation_s is not None and req.arrival < now - self.starvation_s
             return (-priority, 0, req.arrival, seq) if starved else (-priority, 1, *key, seq)
         plan, budget = {}, self.budget
+        if self.order in ("srpt", "edf-preempt"):       # running and waiting requests merged by their key now
+            running, waiting = sorted(self.running, key=self.key), sorted(self.waiting, key=rank)
+            while budget:
+                w = waiting[0] if waiting and len(self.running) < self.max_running else None
+                if w is not None and (not running or self.key(w[3]) < self.key(running[0])):
+                    req = waiting.pop(0)[3]
+                    self.waiting.remove(w)
+                    self.running.append(req)
+                elif running:
+                    req = running.pop(0)
+                else:
+                    break
+                plan[req.id] = min(req.num_remaining, budget)
+                budget -= plan[req.id]
+            return plan
         for r in self.running:
             if budget:
                 plan[r.id] = min(r.num_remaining, budget)
@@ -198,7 +238,7 @@ class SortedReference:
                 self.running.remove(r)
 
 
-@pytest.mark.parametrize("order", ["fcfs", "sjf", "edf"])
+@pytest.mark.parametrize("order", ["fcfs", "sjf", "edf", "srpt", "edf-preempt"])
 @pytest.mark.parametrize("max_new", [1, 3])             # 1: queue stays short (stale heap entries get rebuilt)
 def test_heap_scheduler_serves_exactly_the_plainly_sorted_order(order, max_new):
     rng = random.Random(max_new * 7 + len(order))

@@ -60,6 +60,20 @@ def test_sync_barrier_holds_the_short_request_back_and_async_does_not():
     assert asyn[1] < 0.2 * sync[0]
 
 
+@pytest.mark.parametrize("engine,extra", [("sync", dict(devices=2, attention_tp=2)),
+                                          ("async", dict(devices=4, attention_workers=1))])
+def test_a_preemptive_order_lets_a_short_prompt_pass_a_started_long_one(engine, extra):
+    """One replica / DP group, 8K chunks: a 60K prompt starts, a 1K one arrives during its first chunk. FCFS
+    finishes the long one first; srpt runs the short one at the next chunk and the long one after it."""
+    long, short = Request(0, 60000), Request(1, 1000, arrival=0.001)
+    kw = dict(SMALL, token_budget=8192, router="round-robin", **extra)
+    fcfs = {r.request_id: r.ttft for r in simulate([long, short], engine, **kw)}
+    srpt = {r.request_id: r.ttft for r in simulate([long, short], engine, order="srpt", **kw)}
+    assert fcfs[1] > fcfs[0] * 0.9
+    assert srpt[1] < 0.3 * srpt[0]
+    assert srpt[0] == pytest.approx(fcfs[0], rel=0.1)     # the long one loses about the short one's chunk
+
+
 def random_requests(n=60, seed=0, rate=40.0):
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1 / rate, n))
@@ -70,7 +84,8 @@ def random_requests(n=60, seed=0, rate=40.0):
 @pytest.mark.parametrize("engine,extra", [
     ("sync", {}), ("sync", {"two_batch_overlap": False}),
     ("async", {}), ("async", {"microbatches": "adaptive"}), ("async", {"window_s": 0.002}),
-    ("async", {"selector": "largest", "order": "sjf"}),
+    ("async", {"selector": "largest", "order": "sjf"}), ("async", {"order": "srpt"}),
+    ("sync", {"order": "edf-preempt"}),
 ])
 def test_every_request_finishes_exactly_once(engine, extra):
     reqs = random_requests()

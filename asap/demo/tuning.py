@@ -51,6 +51,7 @@ def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
 def headline_key(s: DemoSettings) -> str:
     return (f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
             f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else "")
+            + (f"/orders{'-'.join(s.sim_orders)}" if tuple(s.sim_orders) != ("fcfs",) else "")
             + ("/vet" if s.sim_vet else ""))
 
 
@@ -157,7 +158,7 @@ def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dic
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
                        model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
-                       verbose=progress, executor=executor, fleet_fractions=s.sim_fleet_fractions,
+                       verbose=progress, executor=executor, fleet_fractions=s.sim_fleet_fractions, orders=s.sim_orders,
                        sustained=s.sim_sustained, vet=s.sim_vet)
     return headline_entry(out["rows"][0], code, time.monotonic() - t0, out["sustained"])
 
@@ -180,6 +181,9 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     if tuple(doc.get("fleet_fractions", (0.5,))) != tuple(s.sim_fleet_fractions):
         raise ValueError(f"{path}: the headline's fleets tried wide shares {doc.get('fleet_fractions', [0.5])}, the "
                          f"demo's case {list(s.sim_fleet_fractions)} (--fleet-fractions)")
+    if tuple(doc.get("orders", ("fcfs",))) != tuple(s.sim_orders):
+        raise ValueError(f"{path}: the headline's candidates tried the queue orders {doc.get('orders', ['fcfs'])}, "
+                         f"the demo's case {list(s.sim_orders)} (--orders)")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
     if not rows:
         raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")

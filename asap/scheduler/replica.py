@@ -10,6 +10,13 @@ Order of service in a step:
    "fcfs" (arrival), "sjf" (fewest remaining tokens) or "edf" (earliest deadline,
    None = +inf). Ties fall back to arrival, then to insertion order.
 A request's priority and sort key are read when it is added.
+
+The preemptive orders "srpt" (fewest remaining tokens) and "edf-preempt" (earliest deadline) drop step 1's
+precedence: a started request competes with the waiting ones by the same key at every step (its key read
+again each step: SRPT's remaining tokens shrink as it runs), so a short prompt that arrives behind a long
+one's first chunks runs next instead of after the long one's last. Preemption is at chunk boundaries only:
+a paused request keeps its KV and its place among the running (`max_running` still bounds them), and nothing
+is recomputed. Priority levels and the starvation guard apply to the waiting requests as above.
 """
 from __future__ import annotations
 
@@ -20,14 +27,15 @@ from asap.scheduler.errors import QueueFull
 from asap.scheduler.request import Request
 from asap.scheduler.router import ReplicaLoad
 
-ORDERS = ("fcfs", "sjf", "edf")
+ORDERS = ("fcfs", "sjf", "edf", "srpt", "edf-preempt")
+PREEMPTIVE = {"srpt": "sjf", "edf-preempt": "edf"}     # a preemptive order -> the key it sorts by
 _INF = float("inf")
 
 
 def _order_key(req: Request, order: str) -> tuple[float, float]:
     if order == "fcfs":
         return (req.arrival, 0.0)
-    if order == "sjf":
+    if order in ("sjf", "srpt"):
         return (float(req.num_remaining), req.arrival)
     return (_INF if req.deadline is None else req.deadline, req.arrival)
 
@@ -59,6 +67,7 @@ class ReplicaScheduler:
             raise ValueError(f"starvation_s must be >= 0 or None, got {starvation_s}")
         self.token_budget = token_budget
         self.order = order
+        self._preempt = order in PREEMPTIVE
         self.max_queue = max_queue
         self.starvation_s = starvation_s
         self.max_running = max_running
@@ -129,6 +138,8 @@ class ReplicaScheduler:
         Requests picked from the waiting queue become running here, so calling
         schedule twice without commit returns the same plan.
         """
+        if self._preempt:
+            return self._schedule_preemptive(now)
         budget = self.token_budget
         plan: dict[int, int] = {}
         for req in self._running.values():
@@ -170,6 +181,29 @@ class ReplicaScheduler:
         self._queued = None
         return finished
 
+    def _schedule_preemptive(self, now: float) -> dict[int, int]:
+        """schedule() under a preemptive order: the running requests (by their key now) and the head of the
+        waiting queue merged by key, the smaller first, until the budget is spent."""
+        budget = self.token_budget
+        plan: dict[int, int] = {}
+        running = sorted(self._running.values(), key=lambda r: _order_key(r, self.order))
+        i = 0
+        while budget > 0:
+            heap = self._waiting_heap(now) if len(self._running) < self.max_running else None
+            if heap is not None and (i == len(running)
+                                     or _order_key(heap[0][2], self.order) < _order_key(running[i], self.order)):
+                self._num_heap_entries -= 1
+                req = heapq.heappop(heap)[2]
+                self._running[req.id] = req
+            elif i < len(running):
+                req, i = running[i], i + 1
+            else:
+                break
+            n = min(req.num_remaining, budget)
+            plan[req.id] = n
+            budget -= n
+        return plan
+
     # ---- internals ----
     def _is_waiting(self, req: Request) -> bool:
         return self._requests.get(req.id) is req and req.id not in self._running
@@ -180,6 +214,14 @@ class ReplicaScheduler:
             self._num_heap_entries -= 1
 
     def _pop_waiting(self, now: float) -> Request | None:
+        heap = self._waiting_heap(now)
+        if heap is None:
+            return None
+        self._num_heap_entries -= 1
+        return heapq.heappop(heap)[2]
+
+    def _waiting_heap(self, now: float) -> list | None:
+        """The heap whose head is the next waiting request (cleaned of stale entries), or None if none waits."""
         for priority in sorted(self._levels, reverse=True):
             level = self._levels[priority]
             heap = level.by_order
@@ -189,8 +231,7 @@ class ReplicaScheduler:
                     heap = level.by_arrival
             self._clean(heap)
             if heap:
-                self._num_heap_entries -= 1
-                return heapq.heappop(heap)[2]
+                return heap
             del self._levels[priority]       # by_order empty => no waiting request at this priority
             self._num_heap_entries -= len(level.by_arrival)
         return None

@@ -13,7 +13,8 @@ from asap.studies import parallel
 from asap.studies.calibrate import calibrate
 from asap.studies.experiments import TRACE, at_rate, trace_requests
 from asap.studies.headline import DEFAULT_SLO, NUM_REQUESTS, WORKLOADS, run_headline
-from asap.studies.space import FLEET_FRACTIONS
+from asap.scheduler.replica import ORDERS
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
@@ -89,6 +90,11 @@ def add_commands(sub, extra=()) -> None:
                    help="the wide group's shares of an instance that both engines' length-aware fleets try "
                         "(default 0.5; e.g. 0.25 0.5 0.625 0.75: a sync deployment too small for the weights "
                         "is left out)")
+    h.add_argument("--orders", nargs="+", default=list(QUEUE_ORDERS), choices=ORDERS, metavar="ORDER",
+                   help="the queue orders of a replica / DP group both engines' candidates try, a secondary knob "
+                        f"(default fcfs; of {', '.join(ORDERS)}: sjf / edf are what vLLM's priority scheduling "
+                        "gives with the prompt length / deadline as the priority; srpt / edf-preempt also pause a "
+                        "started prompt at a chunk boundary)")
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
@@ -159,7 +165,8 @@ def run_command(a) -> int:
             with parallel.from_args(a) as executor:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
                              a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
-                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=vet)
+                             fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=vet,
+                             orders=tuple(a.orders))
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

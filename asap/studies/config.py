@@ -27,6 +27,7 @@ class EngineConfig:
     window_s: float = 0.0               # async: the expert side holds a batch up to this long to merge same-layer work
     selector: str = "oldest"            # async: expert work selection (asap.scheduler.expert_select.SELECTORS)
     max_wait_s: float | None = None     # async, selector "fullest": its age bound (None: its default)
+    order: str = "fcfs"                 # each replica's / DP group's queue order (asap.scheduler.replica.ORDERS)
 
     def _spec_fields(self) -> dict:
         """The EngineSpec fields this configuration sets (the rest keep the spec's defaults)."""
@@ -34,6 +35,8 @@ class EngineConfig:
                   redundant_experts=self.redundant_experts, instances=self.instances)
         if self.prefix_cache:
             kw.update(prefix_cache=True)
+        if self.order != "fcfs":
+            kw.update(order=self.order)
         if self.engine == "sync":
             kw.update(two_batch_overlap=self.two_batch_overlap)
         else:
@@ -61,7 +64,8 @@ class EngineConfig:
                 + (f", expert window {self.window_s * 1e3:g} ms" if self.window_s else "")
                 + (f", {self.selector} expert batches" if self.selector != "oldest" else "")
                 + (f" (age bound {self.max_wait_s * 1e3:g} ms)" if self.max_wait_s is not None else "")
-                + (", prefix cache" if self.prefix_cache else ""))
+                + (", prefix cache" if self.prefix_cache else "")
+                + (f", {self.order} order" if self.order != "fcfs" else ""))
 
     def _wide_chunk(self) -> str:
         return f" (chunk {self.wide_token_budget})" if self.wide_token_budget not in (None, self.token_budget) else ""

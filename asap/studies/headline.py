@@ -36,7 +36,7 @@ from asap.sim.run import get_model, run
 from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
 from asap.studies.config import EngineConfig
 from asap.studies.headline_output import LABEL, format_row, write_headline, write_traces
-from asap.studies.space import FLEET_FRACTIONS, space
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, space
 from asap.studies.tune import CONFIRM, CRITERIA, REFINE, best_of_criteria, pass_values, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
@@ -114,7 +114,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None,
                  fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False,
-                 vet: bool = False) -> dict:
+                 vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
@@ -124,6 +124,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     above it (coarse to fine from there), and the earlier rows are kept.
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
     fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.space.space).
+    orders: the queue orders both engines' candidates try (asap.studies.space.secondary; default fcfs only).
     sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
     arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
     criteria), so no rate passes on a queue that grows; each workload is then read for CONFIRM x num_requests
@@ -136,6 +137,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         raise ValueError("vet re-ranks on the sample a sustained headline confirms on: set sustained too")
     if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
         raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
+    from asap.scheduler.replica import ORDERS
+    if not orders or any(o not in ORDERS for o in orders):
+        raise ValueError(f"orders must be some of {', '.join(ORDERS)}, got {orders!r}")
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     main, per_bucket = ("requests-sustained", "every-bucket-sustained") if sustained else ("requests", "every-bucket")
@@ -156,7 +160,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         prev_devices = None
         if resume is not None:
             _check_resume(resume, dict(model=str(model), hardware=str(hardware), slo=str(base_slo),
-                                       prefix_cache=prefix_cache, sustained=search_rule(sustained, vet)))
+                                       prefix_cache=prefix_cache, sustained=search_rule(sustained, vet),
+                                       orders=list(orders)))
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -202,7 +207,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 searches.append(dict(candidates=cands, start_rate=hint,
                                      refine=REFINE if prev_devices is None else max(REFINE, len(cands or ())),
                                      prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions,
-                                     criterion=main, vet=vet))
+                                     criterion=main, vet=vet, orders=orders))
             # A row's first device count searches the whole space: its screens run side by side within each
             # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
             side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
@@ -230,7 +235,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                         "num_requests": eb.num_requests, "num_sims": eb.num_sims, "reason": eb.reason,
                         "lower_bound": eb.lower_bound, "buckets": eb.buckets}
                 prev[engine] = _carry(row[engine], first=prev_devices is None) or \
-                    (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions))
+                    (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions,
+                                                           orders=orders))
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
@@ -247,10 +253,11 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
                                 prefix_cache=prefix_cache, num_requests=num_requests,
-                                fleet_fractions=fleet_fractions, sustained=sustained, vet=vet)
+                                fleet_fractions=fleet_fractions, sustained=sustained, vet=vet, orders=orders)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
     out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
-                   num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained, vet=vet)
+                   num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained, vet=vet,
+                   orders=orders)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -301,14 +308,16 @@ def _tune_engine(job: tuple) -> tuple:
 
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
              prefix_cache: bool = False, num_requests: int | None = None,
-             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False, vet: bool = False) -> dict:
+             fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False, vet: bool = False,
+             orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
     """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
             "slo_scales": list(slo_scales), "target_attainment": 0.9, "workloads": list(map(str, workloads)),
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
-            "fleet_fractions": list(fleet_fractions), "sustained": search_rule(sustained, vet)}
+            "fleet_fractions": list(fleet_fractions), "sustained": search_rule(sustained, vet),
+            "orders": list(orders)}
 
 
 def _check_resume(resume: dict, now: dict) -> None:
@@ -322,7 +331,8 @@ def _check_resume(resume: dict, now: dict) -> None:
                      False: "no --sustained"}
             return flags.get(v, f"an older rule no flag gives now ({v})")
         return str(v)
-    was = {k: resume.get(k, False if k in ("prefix_cache", "sustained") else None) for k in now}
+    old = {"prefix_cache": False, "sustained": False, "orders": list(QUEUE_ORDERS)}    # before a setting was recorded
+    was = {k: resume.get(k, old.get(k)) for k in now}
     diff = [f"{k}: {shown(k, was[k])} there, {shown(k, now[k])} here" for k in now if was[k] != now[k]]
     if diff:
         raise ValueError("resume: the earlier headline was made under other settings (" + "; ".join(diff) + ")")

@@ -118,9 +118,11 @@ def merge_headlines(dirs, out_dir: "str | Path") -> dict:
     parts = [read(d) for d in dirs]
     if not parts:
         raise ValueError("nothing to merge")
-    keys = {(p["model"], p["hardware"], p["slo"], p.get("prefix_cache", False)) for p in parts}
+    keys = {(p["model"], p["hardware"], p["slo"], p.get("prefix_cache", False), str(p.get("sustained", False)),
+             tuple(p.get("fleet_fractions", (0.5,))), tuple(p.get("orders", ("fcfs",)))) for p in parts}
     if len(keys) != 1:
-        raise ValueError(f"headlines to merge differ in model / hardware / SLO / prefix cache: {sorted(keys)}")
+        raise ValueError("headlines to merge differ in model / hardware / SLO / prefix cache / search rule / fleet "
+                         f"shares / queue orders: {sorted(keys)}")
     out = dict(parts[0], workloads=[w for p in parts for w in p["workloads"]], rows=[r for p in parts for r in p["rows"]],
                wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs],
                partial=any(p.get("partial") for p in parts))

@@ -44,6 +44,11 @@ SELECTORS = ("oldest", "fullest")
 # length-aware fleets (`_fleets`): the wide group's attention TP, chunk, and the prompt length it takes from
 FLEET_WIDE_TP, FLEET_CHUNK, FLEET_FROM = (4, 8, 16), 32768, 32768
 FLEET_FRACTIONS = (0.5,)     # the wide group's share of an instance's devices (the default: half)
+# each replica's / DP group's queue order (asap.scheduler.replica.ORDERS), a secondary knob of both engines; by
+# default first-come-first-served only. vLLM's --scheduling-policy priority (and SGLang's priority scheduling)
+# serve waiting requests by a per-request priority, which a proxy can set to the prompt length (sjf) or the
+# deadline (edf); srpt and edf-preempt also let a started prompt yield at a chunk boundary (ASAP's scheduler)
+QUEUE_ORDERS = ("fcfs",)
 
 
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
@@ -67,7 +72,8 @@ def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="clo
 
 def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384",
           prompt_len: float = 4096, full: bool = True,
-          fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS) -> list[EngineConfig]:
+          fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS,
+          orders: tuple[str, ...] = QUEUE_ORDERS) -> list[EngineConfig]:
     """The candidate configurations of `engine` on `devices` devices (feasible ones only).
 
     Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
@@ -76,7 +82,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     async micro-batch depth 1 / 3, the round-robin router, an expert batching window of 2 / 5 ms and the fullest-layer
     expert selector. The first candidate of each engine is its
     default (TBO on / k=2, queue-aware). fleet_fractions: the wide group's shares of an instance that the
-    length-aware fleets try (`_fleets`), the same for both engines."""
+    length-aware fleets try (`_fleets`), the same for both engines. orders: the queue orders every candidate
+    tries as a secondary knob (`secondary`), the same for both engines."""
     cfg, hw = get_model(model), get_hardware(hardware)
     if engine not in ("sync", "async"):
         raise ValueError(f"engine must be 'sync' or 'async', got {engine!r}")
@@ -107,7 +114,7 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
                 for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) for budget in CHUNKS]
     out += _fleets(engine, devices, cfg, hw, model, hardware, fleet_fractions)
     if full:
-        out += [v for c in out for v in secondary(c)]
+        out += [v for c in out for v in secondary(c, orders)]
     return out
 
 
@@ -154,10 +161,11 @@ def _sync_memory_tps(tps, size: int, cfg, hw) -> list[int]:
     return out
 
 
-def secondary(c: EngineConfig) -> list[EngineConfig]:
-    """The variants of a primary candidate in its secondary knobs (sync: TBO, router; async: micro-batch depth,
-    router, expert window, expert selector)."""
-    rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router]
+def secondary(c: EngineConfig, orders: tuple[str, ...] = QUEUE_ORDERS) -> list[EngineConfig]:
+    """The variants of a primary candidate in its secondary knobs (both: router, the queue `orders`; sync: TBO;
+    async: micro-batch depth, expert window, expert selector)."""
+    rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router] \
+        + [dataclasses.replace(c, order=o) for o in orders if o != c.order]
     if c.engine == "sync":
         return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap)] + rr
     return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr \
