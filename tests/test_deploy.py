@@ -29,7 +29,9 @@ def _configs():
             EngineConfig("async", 1, 8192, attention_workers=16, window_s=0.002, selector="fullest",
                          microbatches=3),
             EngineConfig("async", 1, 16384, attention_workers=17, selector="fullest", max_wait_s=0.005),
-            EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, microbatches="adaptive")]
+            EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, microbatches="adaptive"),
+            EngineConfig("sync", 8, 16384, wide_replicas=1, wide_tp=16, order="sjf"),      # the queue order too
+            EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, order="srpt")]
     return out
 
 
@@ -77,6 +79,13 @@ def _check_serve(c):
         for name in layout:
             assert getattr(parsed, name) == getattr(d.runtime, name), (c.describe(32), name)
         assert args.engine == d.engine
+
+
+def test_a_tuned_queue_order_is_named_in_every_serve_command():
+    for c in (EngineConfig("sync", 8, 16384, wide_replicas=1, wide_tp=16, order="sjf"),
+              EngineConfig("async", 1, 8192, attention_workers=32, colocated=True, order="srpt")):
+        assert all(f"--order {c.order}" in serve_command(MODEL, d) for d in deployments(c, 32, EXPERTS, **HW))
+    assert all("--order" not in serve_command(MODEL, d) for d in deployments(EngineConfig("sync"), 32, EXPERTS, **HW))
 
 
 def test_real_compute_refuses_tensor_parallel_layouts():

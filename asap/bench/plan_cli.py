@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from asap.scheduler.replica import ORDERS
 from asap.workload.slo import IdleMultiple, add_slo_flag, parse_slo
 
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
@@ -69,6 +70,10 @@ def register(sub):
                         "the run drains within its longest TTFT budget after the last arrival and meets the target "
                         "in each third of the run, and each maximum of either engine is confirmed on the same "
                         "twice-the-sample requests")
+    p.add_argument("--orders", nargs="+", default=["fcfs"], metavar="ORDER", choices=ORDERS,
+                   help="--tune: the queue orders both engines' candidates try (asap sim headline --orders; default "
+                        "fcfs; fcfs sjf edf srpt edf-preempt searches them all, and the winner's `asap serve` "
+                        "command then names its --order)")
     p.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
                    help="--tune --sustained (on by default there; --no-vet: off): re-rank each search's leading "
                         "candidates on the longer sample before choosing its finalists, search them there and "
@@ -141,7 +146,7 @@ def run_tune(args) -> int:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
                            args.num_requests,
                            verbose=True, executor=executor, sustained=args.sustained,
-                           vet=args.sustained if args.vet is None else args.vet)
+                           vet=args.sustained if args.vet is None else args.vet, orders=tuple(args.orders))
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:

@@ -42,7 +42,7 @@ def runtime_config(c, devices: int, num_experts: int, **settings) -> RuntimeConf
         raise ValueError("a sync fleet is two deployments: use deployments()")
     workers = expert_workers(c, devices)
     redundant = c.redundant_experts if c.redundant_experts is not None else (-num_experts) % workers
-    common = dict(token_budget=c.token_budget, router=c.router, redundant_experts=redundant,
+    common = dict(token_budget=c.token_budget, router=c.router, order=c.order, redundant_experts=redundant,
                   attention_tp=c.attention_tp, **settings)
     if c.engine == "sync":
         return RuntimeConfig(devices=devices, attention_workers=1, expert_workers=max(1, workers - 1),
@@ -82,7 +82,7 @@ def deployments(c, devices: int, num_experts: int, **settings) -> list[Deploymen
 
 # the fields `serve_command` prints: the layout and scheduling (the rest are mechanics the user picks)
 _LAYOUT = ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
-           "adaptive_depth", "router", "selector", "expert_max_wait_ms", "aggregation_window_ms", "expert_batch_tokens",
+           "adaptive_depth", "router", "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "expert_batch_tokens",
            "redundant_experts", "colocated", "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget",
            "compute", "hardware")
 
@@ -92,7 +92,7 @@ def serve_command(model: str, d: Deployment) -> str:
     (sync: only the fields sync reads)."""
     default = RuntimeConfig()
     names = _LAYOUT if d.engine == "async" else ("devices", "attention_tp", "token_budget", "microbatches",
-                                                 "router", "redundant_experts", "compute", "hardware")
+                                                 "router", "order", "redundant_experts", "compute", "hardware")
     args = ["asap", "serve", model, "--engine", d.engine]
     for name in names:
         value = getattr(d.runtime, name)

@@ -199,7 +199,7 @@ def format_plan(p: Plan) -> str:
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
                  slo="2s+1ms/tok", num_requests: int | None = None, verbose: bool = False, executor=None,
-                 sustained: bool = False, vet: bool = False) -> dict:
+                 sustained: bool = False, vet: bool = False, orders: tuple[str, ...] = ("fcfs",)) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
@@ -211,7 +211,8 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     if the run drains in time and holds the target in each arrival third, and each refined maximum of either
     engine is confirmed on the same CONFIRM x num_requests requests); vet (with sustained): the headline's
     --vet (each tune re-ranks its screen's leaders on a longer sample, searches its finalists there and
-    confirms them as above, asap.studies.tune.tune)."""
+    confirms them as above, asap.studies.tune.tune); orders: the queue orders both engines' candidates try
+    (asap.studies.space.secondary; the headline's --orders)."""
     if vet and not sustained:
         raise ValueError("vet re-ranks on the sample the sustained rule confirms on: set sustained too")
     from asap.studies.tune import CONFIRM, tune
@@ -229,6 +230,6 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     start = time.time()
     results = {engine: tune(pool[:num_requests], engine, devices, model, hardware, verbose=verbose,
                             executor=executor, progress=Progress(f"tune {engine} x{devices}", start) if verbose
-                            else None, **rule)
+                            else None, orders=tuple(orders), **rule)
                for engine in ("sync", "async")}
     return {"sync": results["sync"].best, "async": results["async"].best, "results": results}
