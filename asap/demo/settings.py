@@ -50,7 +50,7 @@ class DemoSettings:
     # the same twice-the-sample requests) and --vet (the screen's leaders re-ranked on a longer sample, the
     # finalists searched there)
     sim_fleet_fractions: tuple[float, ...] = (0.25, 0.5, 0.625, 0.75)
-    sim_orders: tuple[str, ...] = ("fcfs",)     # the queue orders both engines' candidates try (--orders)
+    sim_orders: tuple[str, ...] = ("fcfs", "sjf", "edf", "srpt", "edf-preempt")   # both engines try (--orders)
     sim_sustained: bool = True
     sim_vet: bool = True
 

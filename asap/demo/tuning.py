@@ -153,7 +153,7 @@ def headline_entry(row: dict, code: str, tune_s: float | None = None, rule: str 
 def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
     """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
     {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0 --fleet-fractions {s.sim_fleet_fractions}`,
-    with --sustained where s.sim_sustained and --vet where s.sim_vet)."""
+    with --sustained where s.sim_sustained, --vet where s.sim_vet, --orders s.sim_orders)."""
     from asap.studies.headline import run_headline
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"instead: store the headline case's entry from the headline.json of `asap sim headline "
                         f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0 "
                         f"--fleet-fractions {' '.join(f'{f:g}' for f in FULL.sim_fleet_fractions)}"
-                        f"{' --sustained' if FULL.sim_sustained else ''}{' --vet' if FULL.sim_vet else ''}` run on "
+                        f"{' --sustained' if FULL.sim_sustained else ''}{' --vet' if FULL.sim_vet else ''}"
+                        f" --orders {' '.join(FULL.sim_orders)}` run on "
                         f"this code")
     from asap.studies import parallel
     parallel.add_arguments(p)
