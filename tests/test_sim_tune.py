@@ -301,7 +301,7 @@ def test_vet_vets_the_secondary_variants_of_its_own_best(monkeypatch):
     monkeypatch.setattr(tune_mod, "run", fake_run)
     monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
     monkeypatch.setattr(tune_mod, "space", lambda *a, **k: list(cands))
-    monkeypatch.setattr(tune_mod, "secondary", lambda c: [dataclasses.replace(c, two_batch_overlap=False)])
+    monkeypatch.setattr(tune_mod, "secondary", lambda c, *orders: [dataclasses.replace(c, two_batch_overlap=False)])
     kw = dict(criterion="requests-sustained", longer=longer, screen=True, **SMALL)
     t = tune(short, "sync", 8, vet=True, **kw)
     assert t.best == variant and 1.8 <= t.max_slo_rate <= 1.9
