@@ -13,7 +13,8 @@ would search (every candidate an asap.studies.config.EngineConfig):
 - both:  length-aware fleets of the same shapes (`_fleets`): half of each instance's devices a wide group
         (TP 4 / 8 / 16, 32K chunks) for prompts of >= 32K tokens, the other half narrow (the TPs and chunks
         above). Sync runs them as two deployments behind a length-aware proxy; async co-located, one expert
-        pool on all the devices.
+        pool on all the devices; and the queue order of each replica / DP group (`orders`, QUEUE_ORDERS by
+        default: first-come-first-served only; `asap sim headline --orders`), a secondary knob.
 """
 from __future__ import annotations
 
