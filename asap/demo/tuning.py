@@ -36,6 +36,7 @@ from asap.pipeline.plan import token_weighted_length
 from asap.studies.code_version import fingerprint, is_current
 from asap.studies.deploy import expert_workers
 from asap.studies.headline import NUM_REQUESTS
+from asap.studies.space import QUEUE_ORDERS
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
 TUNE_REQUESTS = 1200     # the tuner's sample of the demo workload: enough for a steady-state rate search
@@ -51,7 +52,7 @@ def key(s: DemoSettings, devices: int, emulatable_only: bool) -> str:
 def headline_key(s: DemoSettings) -> str:
     return (f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
             f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else "")
-            + (f"/orders{'-'.join(s.sim_orders)}" if tuple(s.sim_orders) != ("fcfs",) else "")
+            + (f"/orders{'-'.join(s.sim_orders)}" if tuple(s.sim_orders) != QUEUE_ORDERS else "")
             + ("/vet" if s.sim_vet else ""))
 
 
@@ -181,7 +182,7 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     if tuple(doc.get("fleet_fractions", (0.5,))) != tuple(s.sim_fleet_fractions):
         raise ValueError(f"{path}: the headline's fleets tried wide shares {doc.get('fleet_fractions', [0.5])}, the "
                          f"demo's case {list(s.sim_fleet_fractions)} (--fleet-fractions)")
-    if tuple(doc.get("orders", ("fcfs",))) != tuple(s.sim_orders):
+    if tuple(doc.get("orders", QUEUE_ORDERS)) != tuple(s.sim_orders):
         raise ValueError(f"{path}: the headline's candidates tried the queue orders {doc.get('orders', ['fcfs'])}, "
                          f"the demo's case {list(s.sim_orders)} (--orders)")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]

@@ -13,6 +13,7 @@ from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.studies.config import EngineConfig
 from asap.studies.experiments import at_rate
+from asap.studies.space import QUEUE_ORDERS
 from asap.workload.presets import workload_requests
 
 LABEL = "SIMULATED"
@@ -119,7 +120,7 @@ def merge_headlines(dirs, out_dir: "str | Path") -> dict:
     if not parts:
         raise ValueError("nothing to merge")
     keys = {(p["model"], p["hardware"], p["slo"], p.get("prefix_cache", False), str(p.get("sustained", False)),
-             tuple(p.get("fleet_fractions", (0.5,))), tuple(p.get("orders", ("fcfs",)))) for p in parts}
+             tuple(p.get("fleet_fractions", (0.5,))), tuple(p.get("orders", QUEUE_ORDERS))) for p in parts}
     if len(keys) != 1:
         raise ValueError("headlines to merge differ in model / hardware / SLO / prefix cache / search rule / fleet "
                          f"shares / queue orders: {sorted(keys)}")

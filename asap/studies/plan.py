@@ -23,6 +23,7 @@ from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.studies.experiments import TARGET, TRACE, at_rate, with_slo
+from asap.studies.space import QUEUE_ORDERS
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
@@ -199,7 +200,7 @@ def format_plan(p: Plan) -> str:
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
                  slo="2s+1ms/tok", num_requests: int | None = None, verbose: bool = False, executor=None,
-                 sustained: bool = False, vet: bool = False, orders: tuple[str, ...] = ("fcfs",)) -> dict:
+                 sustained: bool = False, vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
