@@ -278,3 +278,29 @@ def test_stale_heap_entries_do_not_pile_up_behind_a_long_waiting_request():
         entries = sum(len(l.by_order) + len(l.by_arrival) for l in sched._levels.values())
         assert entries < 100                    # O(queue length), not O(requests served)
     assert sched.schedule(3000.0) == {0: 10}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_equal_length_prompts_every_order_schedules_as_fcfs(seed):
+    """With one prompt length and deadlines that grow with arrival (a TTFT budget of a + b * length), every
+    order serves requests as first-come-first-served does: the fixed-length rows of the headline table, searched
+    under fcfs only, stand for every order."""
+    rng = random.Random(seed)
+    length, budget = rng.choice([(2048, 4096), (4096, 4096), (8192, 16384), (700, 300)])
+    arrivals = sorted(rng.random() * 20 for _ in range(120))
+    steps, max_running = [0.05 + 0.1 * rng.random() for _ in range(10_000)], rng.choice([2, 8])
+    plans = {}
+    for order in ("fcfs", "sjf", "edf", "srpt", "edf-preempt"):
+        sched = ReplicaScheduler(token_budget=budget, order=order, max_running=max_running, max_queue=10_000)
+        now, todo, out, step = 0.0, list(arrivals), [], iter(steps)
+        while todo or len(sched):
+            while todo and todo[0] <= now:
+                t = todo.pop(0)
+                sched.add(Request(id=len(arrivals) - len(todo) - 1, num_tokens=length, arrival=t,
+                                  deadline=t + 2.0 + 0.001 * length))
+            plan = sched.schedule(now)
+            out.append(list(plan.items()))
+            sched.commit(plan)
+            now += next(step)
+        plans[order] = out
+    assert all(p == plans["fcfs"] for p in plans.values())
