@@ -66,6 +66,10 @@ class RuntimeConfig:
     wide_tp: int = _f(4, "attention tensor parallelism of each wide replica (> 1 needs compute emulated)")
     wide_from_tokens: int = _f(32768, "prompts of at least this many tokens go to the wide replicas")
     wide_token_budget: int = _f(0, "the wide replicas' max prompt tokens per step (0: token_budget)")
+    short_replicas: int = _f(0, "async: a short-prompt lane, the first this many of the attention_workers replicas "
+                                "take only prompts under short_below_tokens (which overflow to the other replicas "
+                                "when the lane would miss their deadline; longer prompts never enter the lane)")
+    short_below_tokens: int = _f(4096, "the short-prompt lane takes prompts under this many tokens")
 
     def __post_init__(self):
         for name in ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
@@ -85,6 +89,13 @@ class RuntimeConfig:
                              "parallelism is not built")
         if self.wide_replicas:
             self._check_fleet()
+        if self.short_replicas:
+            if self.short_replicas < 0 or self.short_below_tokens < 1:
+                raise ValueError(f"need short_replicas >= 0 and short_below_tokens >= 1, got {self.short_replicas}, "
+                                 f"{self.short_below_tokens}")
+            if self.short_replicas >= self.attention_workers:
+                raise ValueError(f"short_replicas={self.short_replicas} must leave at least one of the "
+                                 f"{self.attention_workers} attention_workers for the other prompts")
         if self.colocated:
             self._check_colocated()
         from asap.scheduler.replica import ORDERS

@@ -61,6 +61,10 @@ class RuntimeEngine:
         # picks the group by the prompt's length (asap.scheduler.length_router), as in the simulator.
         self.router_costs = [cost] * self.num_replicas
         self.predictors = [QueueAwareRouter(cost)] * self.num_replicas
+        if mode == "async" and rt.short_replicas:       # the lane: the first short_replicas narrow replicas
+            self.router = LengthRouter(make_router(rt.router, cost), self.router,
+                                       set(range(rt.short_replicas, rt.attention_workers)), rt.short_below_tokens,
+                                       one_way=True)
         if mode == "async" and rt.wide_replicas:
             wide_cost = replica_cost(self.cfg, rt, mode, rt.wide_tp)
             narrow = rt.attention_workers

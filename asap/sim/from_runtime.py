@@ -18,7 +18,8 @@ from asap.sim.spec import EngineSpec
 HONOURED = frozenset({
     "attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches", "adaptive_depth", "router",
     "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "redundant_experts", "max_queue", "hardware", "colocated",
-    "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget", "expert_batch_tokens"})
+    "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget", "expert_batch_tokens", "short_replicas",
+    "short_below_tokens"})
 MECHANICS = frozenset({
     "transport", "compute", "emulated_hidden", "dilation", "ring_mb", "comm_timeout_s", "threads_per_worker",
     "master_port", "master_addr", "remote_experts", "heartbeat_interval_s", "heartbeat_timeout_s",
@@ -56,9 +57,11 @@ def engine_spec(runtime: RuntimeConfig, engine: str, model="deepseek-v3", device
     fleet = dict(wide_replicas=runtime.wide_replicas, wide_tp=runtime.wide_tp,
                  wide_from_tokens=runtime.wide_from_tokens, wide_token_budget=runtime.wide_token_budget or None) \
         if runtime.wide_replicas else {}
+    lane = dict(short_replicas=runtime.short_replicas, short_below_tokens=runtime.short_below_tokens) \
+        if runtime.short_replicas else {}
     return EngineSpec(engine="async",
                       devices=sum(runtime.replica_tps) + (0 if runtime.colocated else runtime.expert_workers),
-                      colocated=runtime.colocated, **fleet,
+                      colocated=runtime.colocated, **fleet, **lane,
                       attention_workers=None if fleet else runtime.attention_workers, selector=runtime.selector,
                       microbatches="adaptive" if runtime.adaptive_depth else runtime.microbatches,
                       window_s=runtime.aggregation_window_ms / 1000,

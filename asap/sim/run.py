@@ -149,8 +149,16 @@ def build_engine(spec: EngineSpec) -> "AsyncEngine | SyncEngine":
     router = spec.router
     if isinstance(router, str):
         router = make_router(router, cost.replica_cost_fn())
+    narrow = num_attn - spec.wide_replicas
+    if spec.short_replicas:             # the lane: the first short_replicas narrow replicas, prompts < short_below_tokens
+        if not isinstance(spec.router, str):
+            raise ValueError("short_replicas needs the router by name (each group gets its own)")
+        if spec.short_replicas >= narrow:
+            raise ValueError(f"short_replicas={spec.short_replicas} must leave at least one of the {narrow} narrow "
+                             "replicas for the other prompts")
+        router = LengthRouter(make_router(spec.router, cost.replica_cost_fn()), router,
+                              set(range(spec.short_replicas, narrow)), spec.short_below_tokens, one_way=True)
     if attention_costs is not None:     # each group routes with its own costs; the prompt's length picks the group
-        narrow = num_attn - spec.wide_replicas
         wide = make_router(spec.router, attention_costs[-1].replica_cost_fn()) if isinstance(spec.router, str) \
             else router
         router = LengthRouter(router, wide, set(range(narrow, num_attn)), spec.wide_from_tokens)
@@ -294,22 +302,40 @@ def sync_fleet_parts(own: list[Request], spec: EngineSpec) -> list[tuple[str, li
     independent sync deployments: the narrow one (DP groups of attention_tp) and the wide one (wide_replicas
     DP groups of wide_tp, EP over its own devices), the requests split by split_by_length. Sync cannot share
     one EP domain between DP groups of different TP (SGLang's DP attention runs one TP size), so an operator
-    runs two deployments and a length-aware proxy."""
+    runs two deployments and a length-aware proxy. With a short-prompt lane (short_replicas), a third
+    deployment of that many DP groups of attention_tp takes the narrow deployment's devices and the prompts
+    under short_below_tokens, split from the narrow ones the same way (a short prompt the lane is estimated to
+    make miss its deadline goes to the narrow deployment)."""
     model, hw = get_model(spec.model), get_hardware(spec.hardware)
     wide_devices = spec.wide_replicas * spec.wide_tp
-    parts_spec = (spec.replace(devices=spec.devices - wide_devices, wide_replicas=0),
-                  spec.replace(devices=wide_devices, attention_tp=spec.wide_tp, wide_replicas=0,
-                               token_budget=spec.wide_token_budget or spec.token_budget, wide_token_budget=None))
+    lane_devices = spec.short_replicas * spec.attention_tp
+    if spec.short_replicas and spec.devices - wide_devices - lane_devices < spec.attention_tp:
+        raise ValueError(f"short_replicas={spec.short_replicas} x TP{spec.attention_tp} must leave a narrow DP group")
+    base = spec.replace(wide_replicas=0, short_replicas=0)
+    narrow = base.replace(devices=spec.devices - wide_devices - lane_devices)
+    wide = base.replace(devices=wide_devices, attention_tp=spec.wide_tp, token_budget=spec.wide_token_budget or
+                        spec.token_budget, wide_token_budget=None)
+
+    def rates(parts):
+        rate, rank = [], []
+        for s, mine in parts:
+            per_rank = instance_tokens_per_s(CostModel(model, hw, attn_tp=s.attention_tp), 1, s.token_budget,
+                                             token_weighted_length(mine) if mine else s.token_budget)
+            rate.append(per_rank * (s.devices // s.attention_tp))
+            rank.append(per_rank)
+        return tuple(rate), tuple(rank)
+
+    pool = base.replace(devices=spec.devices - wide_devices)        # the narrow deployment and the lane together
     lengths = ([r for r in own if r.num_tokens < spec.wide_from_tokens],
                [r for r in own if r.num_tokens >= spec.wide_from_tokens])
-    rate, rank = [], []
-    for s, mine in zip(parts_spec, lengths):
-        per_rank = instance_tokens_per_s(CostModel(model, hw, attn_tp=s.attention_tp), 1, s.token_budget,
-                                         token_weighted_length(mine) if mine else s.token_budget)
-        rate.append(per_rank * (s.devices // s.attention_tp))
-        rank.append(per_rank)
-    split = split_by_length(own, spec.wide_from_tokens, tuple(rate), tuple(rank))
-    return list(zip(("narrow", "wide"), split, parts_spec))
+    short, rest = split_by_length(own, spec.wide_from_tokens, *rates(zip((pool, wide), lengths)))
+    if not spec.short_replicas:
+        return [("narrow", short, pool), ("wide", rest, wide)]
+    lane = base.replace(devices=lane_devices)
+    lengths = ([r for r in short if r.num_tokens < spec.short_below_tokens],
+               [r for r in short if r.num_tokens >= spec.short_below_tokens])
+    lane_reqs, narrow_reqs = split_by_length(short, spec.short_below_tokens, *rates(zip((lane, narrow), lengths)))
+    return [("narrow", narrow_reqs, narrow), ("wide", rest, wide), ("short", lane_reqs, lane)]
 
 
 def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:

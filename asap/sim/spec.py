@@ -37,6 +37,8 @@ class EngineSpec:
     wide_from_tokens: int = 32768           # >= wide_from_tokens; the rest of the instance's devices are replicas / DP
                                             # groups of attention_tp (asap.scheduler.length_router; asap.sim.run)
     wide_token_budget: int | None = None    # the wide group's chunk (None: token_budget)
+    short_replicas: int = 0                 # a short-prompt lane: this many of the narrow replicas (async) / DP groups
+    short_below_tokens: int = 4096          # (sync: a deployment of its own) take only prompts under this length
     two_batch_overlap: bool = True          # sync
     expert_loads: Any = None                # [moe_layer][expert] routing loads (e.g. RoutingStats.loads())
     zipf: float = 0.0                       # else: Zipf-skewed loads (0 = uniform)
@@ -77,6 +79,16 @@ class EngineSpec:
                 raise ValueError(f"wide_from_tokens must be >= 1, got {self.wide_from_tokens}")
             if self.wide_token_budget is not None and self.wide_token_budget < 1:
                 raise ValueError(f"wide_token_budget must be >= 1, got {self.wide_token_budget}")
+        if self.short_replicas:
+            if self.short_replicas < 0 or self.short_below_tokens < 1:
+                raise ValueError(f"need short_replicas >= 0 and short_below_tokens >= 1, got {self.short_replicas}, "
+                                 f"{self.short_below_tokens}")
+            if self.engine == "sync" and not self.wide_replicas:
+                raise ValueError("short_replicas: a sync short-prompt lane is built for length-aware fleets "
+                                 "(wide_replicas > 0) only")
+            if self.wide_replicas and self.short_below_tokens >= self.wide_from_tokens:
+                raise ValueError(f"short_below_tokens={self.short_below_tokens} must be under wide_from_tokens="
+                                 f"{self.wide_from_tokens}")
         if not (isinstance(self.instances, int) and self.instances >= 1) or self.devices % self.instances:
             raise ValueError(f"instances={self.instances!r} must be an int >= 1 that divides devices={self.devices}")
 

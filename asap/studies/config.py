@@ -28,6 +28,8 @@ class EngineConfig:
     selector: str = "oldest"            # async: expert work selection (asap.scheduler.expert_select.SELECTORS)
     max_wait_s: float | None = None     # async, selector "fullest": its age bound (None: its default)
     order: str = "fcfs"                 # each replica's / DP group's queue order (asap.scheduler.replica.ORDERS)
+    short_replicas: int = 0             # a short-prompt lane: this many narrow replicas / DP groups (sync: a deployment
+    short_below_tokens: int = 4096      # of its own, in a fleet) take only prompts under short_below_tokens
 
     def _spec_fields(self) -> dict:
         """The EngineSpec fields this configuration sets (the rest keep the spec's defaults)."""
@@ -52,6 +54,8 @@ class EngineConfig:
         if self.wide_replicas:
             kw.update(wide_replicas=self.wide_replicas, wide_tp=self.wide_tp, wide_from_tokens=self.wide_from_tokens,
                       wide_token_budget=self.wide_token_budget)
+        if self.short_replicas:
+            kw.update(short_replicas=self.short_replicas, short_below_tokens=self.short_below_tokens)
         return kw
 
     def spec(self, model, hardware: str, devices: int, **settings) -> EngineSpec:
@@ -65,7 +69,9 @@ class EngineConfig:
                 + (f", {self.selector} expert batches" if self.selector != "oldest" else "")
                 + (f" (age bound {self.max_wait_s * 1e3:g} ms)" if self.max_wait_s is not None else "")
                 + (", prefix cache" if self.prefix_cache else "")
-                + (f", {self.order} order" if self.order != "fcfs" else ""))
+                + (f", {self.order} order" if self.order != "fcfs" else "")
+                + (f", short lane {self.short_replicas} x TP{self.attention_tp} for prompts < "
+                   f"{self.short_below_tokens / 1024:g}K" if self.short_replicas else ""))
 
     def _wide_chunk(self) -> str:
         return f" (chunk {self.wide_token_budget})" if self.wide_token_budget not in (None, self.token_budget) else ""
