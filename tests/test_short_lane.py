@@ -127,3 +127,15 @@ def test_the_runtime_lane_maps_to_the_simulator():
                        short_below_tokens=2048)
     spec = engine_spec(rt, "async")
     assert (spec.short_replicas, spec.short_below_tokens) == (1, 2048)
+
+
+def test_the_planner_prints_a_lane_in_its_serve_commands():
+    from asap.studies.deploy import deployment_lines, deployments
+    a = EngineConfig("async", attention_tp=1, token_budget=8192, colocated=True, wide_replicas=5, wide_tp=4,
+                     short_replicas=1, short_below_tokens=4096)
+    assert any("--short-replicas 1" in line for line in deployment_lines(a, 32, "deepseek-v3", "cloudmatrix384"))
+    s = EngineConfig("sync", attention_tp=8, token_budget=16384, wide_replicas=2, wide_tp=16, short_replicas=2)
+    parts = deployments(s, 64, 256, compute="emulated", hardware="cloudmatrix384")
+    assert [(d.devices, d.serves) for d in parts] == [(16, "prompts of 4096 to 32768 tokens"),
+                                                    (32, "prompts of 32768 tokens or more"),
+                                                    (16, "prompts under 4096 tokens")]

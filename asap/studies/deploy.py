@@ -51,6 +51,8 @@ def runtime_config(c, devices: int, num_experts: int, **settings) -> RuntimeConf
     fleet = dict(wide_replicas=c.wide_replicas, wide_tp=c.wide_tp, wide_from_tokens=c.wide_from_tokens,
                  wide_token_budget=c.wide_token_budget or 0) if c.wide_replicas else {}
     narrow = (devices - c.wide_replicas * c.wide_tp) // c.attention_tp if c.wide_replicas else c.attention_workers
+    if c.short_replicas:
+        fleet.update(short_replicas=c.short_replicas, short_below_tokens=c.short_below_tokens)
     wait = {} if c.max_wait_s is None else {"expert_max_wait_ms": c.max_wait_s * 1e3}
     # the expert batch cap the tuner simulated (EngineConfig leaves EngineSpec's), named only where the runtime's
     # own rule (4 x the budget) gives another
@@ -69,14 +71,19 @@ def deployments(c, devices: int, num_experts: int, **settings) -> list[Deploymen
     per = devices // c.instances
     if c.engine == "sync" and c.wide_replicas:
         wide = c.wide_replicas * c.wide_tp
-        narrow = dataclasses.replace(c, wide_replicas=0)
-        long = dataclasses.replace(c, wide_replicas=0, attention_tp=c.wide_tp,
-                                   token_budget=c.wide_token_budget or c.token_budget)
+        lane = c.short_replicas * c.attention_tp
+        narrow = dataclasses.replace(c, wide_replicas=0, short_replicas=0)
+        long = dataclasses.replace(narrow, attention_tp=c.wide_tp, token_budget=c.wide_token_budget or c.token_budget)
         cut = f"{c.wide_from_tokens} tokens"
-        return [Deployment("sync", per - wide, f"prompts under {cut}",
-                           runtime_config(narrow, per - wide, num_experts, **settings)),
-                Deployment("sync", wide, f"prompts of {cut} or more",
-                           runtime_config(long, wide, num_experts, **settings))]
+        low = f"of {c.short_below_tokens} to {cut}" if lane else f"under {cut}"
+        out = [Deployment("sync", per - wide - lane, f"prompts {low}",
+                          runtime_config(narrow, per - wide - lane, num_experts, **settings)),
+               Deployment("sync", wide, f"prompts of {cut} or more",
+                          runtime_config(long, wide, num_experts, **settings))]
+        if lane:
+            out.append(Deployment("sync", lane, f"prompts under {c.short_below_tokens} tokens",
+                                  runtime_config(narrow, lane, num_experts, **settings)))
+        return out
     return [Deployment(c.engine, per, "all prompts", runtime_config(c, per, num_experts, **settings))]
 
 
@@ -84,7 +91,7 @@ def deployments(c, devices: int, num_experts: int, **settings) -> list[Deploymen
 _LAYOUT = ("attention_workers", "expert_workers", "devices", "attention_tp", "token_budget", "microbatches",
            "adaptive_depth", "router", "order", "selector", "expert_max_wait_ms", "aggregation_window_ms", "expert_batch_tokens",
            "redundant_experts", "colocated", "wide_replicas", "wide_tp", "wide_from_tokens", "wide_token_budget",
-           "compute", "hardware")
+           "short_replicas", "short_below_tokens", "compute", "hardware")
 
 
 def serve_command(model: str, d: Deployment) -> str:
