@@ -139,3 +139,35 @@ def test_the_planner_prints_a_lane_in_its_serve_commands():
     assert [(d.devices, d.serves) for d in parts] == [(16, "prompts of 4096 to 32768 tokens"),
                                                     (32, "prompts of 32768 tokens or more"),
                                                     (16, "prompts under 4096 tokens")]
+
+
+def test_the_search_tries_lanes_only_where_asked_and_only_where_a_layout_holds_one():
+    from asap.studies.space import buildable, secondary, space
+    a = EngineConfig("async", attention_tp=1, token_budget=8192, instances=1, attention_workers=32, colocated=True)
+    s = EngineConfig("sync", attention_tp=8, token_budget=16384, wide_replicas=1, wide_tp=16)
+    assert not any(v.short_replicas for v in secondary(a) + secondary(s))           # the default search: none
+    lanes = ((1, 4096), (2, 8192))
+    assert [(v.short_replicas, v.short_below_tokens) for v in secondary(a, lanes=lanes) if v.short_replicas] \
+        == [(1, 4096), (2, 8192)]
+    assert not any(v.short_replicas for v in secondary(EngineConfig("sync", 8), lanes=lanes))   # sync: fleets only
+    assert buildable(dataclasses.replace(a, short_replicas=1), 32)
+    # at 32 dies a sync lane would be a deployment too small for the weights; at 64 a 16-die one holds them
+    assert not buildable(dataclasses.replace(s, short_replicas=1), 32)
+    assert buildable(dataclasses.replace(s, wide_replicas=2, short_replicas=2), 64)
+    with_lanes = space("async", 32, lanes=((1, 4096),))
+    assert any(c.short_replicas for c in with_lanes)
+    assert all(buildable(c, 32) for c in with_lanes if c.short_replicas)
+
+
+def test_the_headline_records_lanes_and_refuses_resuming_under_others():
+    from asap.studies.headline import DEFAULT_SLO, run_headline
+    from asap.workload.slo import parse_slo
+    with pytest.raises(ValueError, match="lanes must be"):
+        run_headline((8,), ("fixed-4k",), lanes=((0, 4096),), out_dir=None, verbose=False)
+    earlier = {"slo": str(parse_slo(DEFAULT_SLO)), "model": "deepseek-v3", "hardware": "cloudmatrix384",
+               "rows": []}                                  # recorded before lanes were: none
+    with pytest.raises(ValueError, match=r"lanes: \[\] there, \[\[1, 4096\]\] here"):
+        run_headline((8,), ("fixed-4k",), resume=earlier, lanes=((1, 4096),), out_dir=None, verbose=False)
+    from asap.cli import main
+    with pytest.raises(SystemExit):
+        main(["sim", "headline", "--lanes", "1:x"])

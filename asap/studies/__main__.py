@@ -20,6 +20,17 @@ from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
 
 
+
+def _lane(text: str) -> tuple[int, int]:
+    """--lanes N:TOKENS -> (N, TOKENS)."""
+    try:
+        n, below = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a lane is N:TOKENS (e.g. 1:4096), got {text!r}") from None
+    if n < 1 or below < 1:
+        raise argparse.ArgumentTypeError(f"a lane needs N >= 1 and TOKENS >= 1, got {text!r}")
+    return n, below
+
 def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
           hardware="cloudmatrix384", tokens_per_device_s: float = 4000.0, trace=TRACE) -> dict:
     """Wall time of one run: the trace's first requests, offered at `tokens_per_device_s` per device.
@@ -95,6 +106,10 @@ def add_commands(sub, extra=()) -> None:
                         f"(default fcfs; of {', '.join(ORDERS)}: sjf / edf are what vLLM's priority scheduling "
                         "gives with the prompt length / deadline as the priority; srpt / edf-preempt also pause a "
                         "started prompt at a chunk boundary)")
+    h.add_argument("--lanes", nargs="+", default=[], type=_lane, metavar="N:TOKENS",
+                   help="short-prompt lanes both engines' candidates try, a secondary knob: N replicas (async) / DP "
+                        "groups (sync, a deployment of its own in a length-aware fleet) that take only prompts under "
+                        "TOKENS (e.g. 1:4096 2:4096; default none)")
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "
@@ -166,7 +181,7 @@ def run_command(a) -> int:
                 run_headline(a.devices, a.workloads, a.slo, a.slo_scales, a.model, a.hardware, a.num_requests,
                              a.out, resume=resume, prefix_cache=a.prefix_cache, executor=executor,
                              fleet_fractions=tuple(a.fleet_fractions), sustained=a.sustained, vet=vet,
-                             orders=tuple(a.orders))
+                             orders=tuple(a.orders), lanes=tuple(a.lanes))
         print(f"[SIMULATED] wrote {Path(a.out) / 'headline.json'} and headline.png")
     elif a.cmd == "calibrate":
         out = calibrate(hardware=a.hardware)

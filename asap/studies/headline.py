@@ -114,7 +114,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                  verbose: bool = True, trace_s: float = 2.0, resume: dict | None = None,
                  prefix_cache: bool = False, every_bucket: bool = True, executor=None,
                  fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False,
-                 vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
+                 vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS, lanes: tuple = ()) -> dict:
     """Rows of best-tuned sync vs best-tuned async; JSON + plots (+ Chrome traces of the first row).
     executor (asap.studies.parallel): runs each tune's screen and fine searches side by side (the same rows as
     serial, the default); with verbose, a line per simulation goes to stderr.
@@ -125,6 +125,8 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     every_bucket: also tune both engines under ">= 90% in every prompt-length bucket" and print that ratio.
     fleet_fractions: the wide group's shares both engines' length-aware fleets try (asap.studies.space.space).
     orders: the queue orders both engines' candidates try (asap.studies.space.secondary; default fcfs only).
+    lanes: the short-prompt lanes, (replicas, below_tokens) pairs, both engines' candidates try likewise where
+    their layout holds one (default none); recorded, and checked on resume, as orders are.
     sustained: every criterion also requires a run to drain within its longest TTFT budget after its last
     arrival and the target to hold in each arrival third (asap.measure.sustain; tune's "-sustained"
     criteria), so no rate passes on a queue that grows; each workload is then read for CONFIRM x num_requests
@@ -140,6 +142,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     from asap.scheduler.replica import ORDERS
     if not orders or any(o not in ORDERS for o in orders):
         raise ValueError(f"orders must be some of {', '.join(ORDERS)}, got {orders!r}")
+    lanes = tuple((int(n), int(b)) for n, b in lanes)
+    if any(n < 1 or b < 1 for n, b in lanes):
+        raise ValueError(f"lanes must be (replicas >= 1, below_tokens >= 1) pairs, got {lanes!r}")
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     main, per_bucket = ("requests-sustained", "every-bucket-sustained") if sustained else ("requests", "every-bucket")
@@ -161,7 +166,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
         if resume is not None:
             _check_resume(resume, dict(model=str(model), hardware=str(hardware), slo=str(base_slo),
                                        prefix_cache=prefix_cache, sustained=search_rule(sustained, vet),
-                                       orders=list(orders)))
+                                       orders=list(orders), lanes=[list(x) for x in lanes]))
             done = [r for r in resume["rows"] if r["workload"] == str(wl)]
             if not done:
                 raise ValueError(f"resume: the earlier headline has no row for workload {wl!r}")
@@ -207,7 +212,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 searches.append(dict(candidates=cands, start_rate=hint,
                                      refine=REFINE if prev_devices is None else max(REFINE, len(cands or ())),
                                      prefix_cache=prefix_cache, progress=progress, fleet_fractions=fleet_fractions,
-                                     criterion=main, vet=vet, orders=orders))
+                                     criterion=main, vet=vet, orders=orders, lanes=lanes))
             # A row's first device count searches the whole space: its screens run side by side within each
             # tune. Later ones search a few candidates: there the two engines' tunes run side by side instead.
             side_by_side = prev_devices is not None and executor is not None and executor.jobs > 1
@@ -236,7 +241,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                         "lower_bound": eb.lower_bound, "buckets": eb.buckets}
                 prev[engine] = _carry(row[engine], first=prev_devices is None) or \
                     (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions,
-                                                           orders=orders))
+                                                           orders=orders, lanes=lanes))
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
@@ -253,11 +258,12 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 part = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, partial=True,
                                 prefix_cache=prefix_cache, num_requests=num_requests,
-                                fleet_fractions=fleet_fractions, sustained=sustained, vet=vet, orders=orders)
+                                fleet_fractions=fleet_fractions, sustained=sustained, vet=vet, orders=orders,
+                                lanes=lanes)
                 (Path(out_dir) / "headline.partial.json").write_text(json.dumps(part, indent=2, default=str) + "\n")
     out = _summary(rows, model, hardware, base_slo, slo_scales, workloads, t_start, prefix_cache=prefix_cache,
                    num_requests=num_requests, fleet_fractions=fleet_fractions, sustained=sustained, vet=vet,
-                   orders=orders)
+                   orders=orders, lanes=lanes)
     if verbose:
         print(f"[{LABEL}] headline wall time {out['wall_s']:.0f} s", flush=True)
     if out_dir is not None:
@@ -309,7 +315,7 @@ def _tune_engine(job: tuple) -> tuple:
 def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial: bool = False,
              prefix_cache: bool = False, num_requests: int | None = None,
              fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, sustained: bool = False, vet: bool = False,
-             orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
+             orders: tuple[str, ...] = QUEUE_ORDERS, lanes: tuple = ()) -> dict:
     """code_fingerprint: the simulation code the rows ran on (asap.studies.code_version), so a stored copy can
     tell whether it is current."""
     return {"label": LABEL, "model": str(model), "hardware": str(hardware), "slo": str(slo),
@@ -317,7 +323,7 @@ def _summary(rows, model, hardware, slo, slo_scales, workloads, t_start, partial
             "num_requests": num_requests, "code_fingerprint": fingerprint(),
             "rows": rows, "wall_s": time.perf_counter() - t_start, "partial": partial, "prefix_cache": prefix_cache,
             "fleet_fractions": list(fleet_fractions), "sustained": search_rule(sustained, vet),
-            "orders": list(orders)}
+            "orders": list(orders), "lanes": [list(x) for x in lanes]}
 
 
 def _check_resume(resume: dict, now: dict) -> None:
@@ -331,7 +337,7 @@ def _check_resume(resume: dict, now: dict) -> None:
                      False: "no --sustained"}
             return flags.get(v, f"an older rule no flag gives now ({v})")
         return str(v)
-    old = {"prefix_cache": False, "sustained": False, "orders": list(QUEUE_ORDERS)}    # before a setting was recorded
+    old = {"prefix_cache": False, "sustained": False, "orders": list(QUEUE_ORDERS), "lanes": []}   # before recorded
     was = {k: resume.get(k, old.get(k)) for k in now}
     diff = [f"{k}: {shown(k, was[k])} there, {shown(k, now[k])} here" for k in now if was[k] != now[k]]
     if diff:

@@ -120,10 +120,11 @@ def merge_headlines(dirs, out_dir: "str | Path") -> dict:
     if not parts:
         raise ValueError("nothing to merge")
     keys = {(p["model"], p["hardware"], p["slo"], p.get("prefix_cache", False), str(p.get("sustained", False)),
-             tuple(p.get("fleet_fractions", (0.5,))), tuple(p.get("orders", QUEUE_ORDERS))) for p in parts}
+             tuple(p.get("fleet_fractions", (0.5,))), tuple(p.get("orders", QUEUE_ORDERS)),
+             str(p.get("lanes", []))) for p in parts}
     if len(keys) != 1:
         raise ValueError("headlines to merge differ in model / hardware / SLO / prefix cache / search rule / fleet "
-                         f"shares / queue orders: {sorted(keys)}")
+                         f"shares / queue orders / lanes: {sorted(keys)}")
     out = dict(parts[0], workloads=[w for p in parts for w in p["workloads"]], rows=[r for p in parts for r in p["rows"]],
                wall_s=sum(p["wall_s"] for p in parts), merged_from=[str(d) for d in dirs],
                partial=any(p.get("partial") for p in parts))

@@ -24,7 +24,7 @@ import math
 from asap.cost.hardware import get_hardware
 from asap.cost.model import CostModel
 from asap.sim.memory import check_memory, min_expert_workers
-from asap.sim.run import balanced_split, get_model
+from asap.sim.run import balanced_split, build_engine, get_model, sync_fleet_parts
 from asap.studies.config import EngineConfig
 
 SYNC_TP = (1, 4, 8, 16)                  # attention TP inside a DP group, within a node
@@ -74,7 +74,7 @@ def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="clo
 def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix384",
           prompt_len: float = 4096, full: bool = True,
           fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS,
-          orders: tuple[str, ...] = QUEUE_ORDERS) -> list[EngineConfig]:
+          orders: tuple[str, ...] = QUEUE_ORDERS, lanes: tuple = ()) -> list[EngineConfig]:
     """The candidate configurations of `engine` on `devices` devices (feasible ones only).
 
     Primary knobs (always): instance size (every divisor of N that holds the model), attention TP, chunk;
@@ -84,7 +84,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
     expert selector. The first candidate of each engine is its
     default (TBO on / k=2, queue-aware). fleet_fractions: the wide group's shares of an instance that the
     length-aware fleets try (`_fleets`), the same for both engines. orders: the queue orders every candidate
-    tries as a secondary knob (`secondary`), the same for both engines."""
+    tries as a secondary knob (`secondary`), the same for both engines; lanes: the short-prompt lanes
+    ((replicas, below_tokens) pairs) every candidate tries likewise (none by default; `--lanes`)."""
     cfg, hw = get_model(model), get_hardware(hardware)
     if engine not in ("sync", "async"):
         raise ValueError(f"engine must be 'sync' or 'async', got {engine!r}")
@@ -115,8 +116,8 @@ def space(engine: str, devices: int, model="deepseek-v3", hardware="cloudmatrix3
                 for tp in _sync_memory_tps(ASYNC_TP, size, cfg, hw) for budget in CHUNKS]
     out += _fleets(engine, devices, cfg, hw, model, hardware, fleet_fractions)
     if full:
-        out += [v for c in out for v in secondary(c, orders)]
-    return out
+        out += [v for c in out for v in secondary(c, orders, lanes)]
+    return [c for c in out if not c.short_replicas or buildable(c, devices, model, hardware)]
 
 
 def _fleets(engine: str, devices: int, cfg, hw, model, hardware,
@@ -162,13 +163,30 @@ def _sync_memory_tps(tps, size: int, cfg, hw) -> list[int]:
     return out
 
 
-def secondary(c: EngineConfig, orders: tuple[str, ...] = QUEUE_ORDERS) -> list[EngineConfig]:
-    """The variants of a primary candidate in its secondary knobs (both: router, the queue `orders`; sync: TBO;
-    async: micro-batch depth, expert window, expert selector)."""
+def secondary(c: EngineConfig, orders: tuple[str, ...] = QUEUE_ORDERS, lanes: tuple = ()) -> list[EngineConfig]:
+    """The variants of a primary candidate in its secondary knobs (both: router, the queue `orders`, the
+    short-prompt `lanes` ((replicas, below_tokens) pairs; a lane a layout cannot hold is dropped by the caller,
+    `buildable`); sync: TBO; async: micro-batch depth, expert window, expert selector)."""
     rr = [dataclasses.replace(c, router=r) for r in ROUTERS if r != c.router] \
-        + [dataclasses.replace(c, order=o) for o in orders if o != c.order]
+        + [dataclasses.replace(c, order=o) for o in orders if o != c.order] \
+        + [dataclasses.replace(c, short_replicas=n, short_below_tokens=b) for n, b in lanes
+           if (n, b) != (c.short_replicas, c.short_below_tokens) and (c.engine == "async" or c.wide_replicas)]
     if c.engine == "sync":
         return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap)] + rr
     return [dataclasses.replace(c, microbatches=k) for k in MICROBATCHES if k != c.microbatches] + rr \
         + [dataclasses.replace(c, window_s=w) for w in WINDOWS if w != c.window_s] \
         + [dataclasses.replace(c, selector=s) for s in SELECTORS if s != c.selector]
+
+
+def buildable(c: EngineConfig, devices: int, model="deepseek-v3", hardware="cloudmatrix384") -> bool:
+    """Whether the simulator can build `c` on `devices` devices (each of a sync fleet's deployments, each
+    holding the weights): a secondary variant such as a short-prompt lane may not fit a layout."""
+    try:
+        spec = c.spec(model, hardware, devices)
+        one = spec.replace(devices=devices // c.instances, instances=1)
+        parts = [s for _, _, s in sync_fleet_parts([], one)] if c.engine == "sync" and c.wide_replicas else [one]
+        for s in parts:
+            build_engine(s)
+    except ValueError:
+        return False
+    return True

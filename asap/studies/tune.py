@@ -56,7 +56,7 @@ from asap.studies.config import EngineConfig
 from asap.studies.experiments import at_rate
 from asap.studies.parallel import Executor, Progress, Serial
 from asap.studies.screen import FINALISTS, SCREEN_KEEP
-from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, secondary, space
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, buildable, secondary, space
 from asap.sim.run import run
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
@@ -105,7 +105,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
          prefix_cache: bool = False, criterion: str = "requests", screen: bool | None = None,
          cache: dict | None = None, executor: Executor | None = None, progress: Progress | None = None,
          fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, longer: list[Request] | None = None,
-         vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS) -> Tuned:
+         vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS, lanes: tuple = ()) -> Tuned:
     """Best configuration of `engine` for `requests` (with deadlines) on `devices` devices.
     start_rate: where the first search starts (req/s; default: from a closed batch).
     prefix_cache: every candidate (given or from `space`) runs with the prefix cache on.
@@ -116,7 +116,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     executor (asap.studies.parallel): runs the screen's simulations and the fine searches side by side; the
     result is the same as a serial run's (default). progress: prints a line per simulation (to stderr).
     fleet_fractions: the wide group's shares the length-aware fleets of the space try (asap.studies.space.space).
-    orders: the queue orders the space's candidates try as a secondary knob (asap.studies.space.secondary).
+    orders: the queue orders the space's candidates try as a secondary knob (asap.studies.space.secondary);
+    lanes: the short-prompt lanes they try likewise ((replicas, below_tokens) pairs, those a layout holds).
     longer: the same workload continued (more requests, the first len(requests) of them `requests`); under a
     "-sustained" criterion each refined maximum is confirmed on all of it (`_confirm`), and the best confirmed
     one wins: give both engines the same `longer` and both are confirmed on the same requests. Ignored under
@@ -200,7 +201,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             sims += 1
         screened = screening.screen(cands, measure_for, burst_of, len(requests), start, target, key, prefetch)
         if candidates is None:      # the secondary knobs of the best primary candidates (asap.studies.space.space)
-            more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders) if v not in screened]
+            more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
+                        if v not in screened and (not v.short_replicas or buildable(v, devices, model, hardware))]
             if prefix_cache:
                 more = [dataclasses.replace(v, prefix_cache=True) for v in more]
             screened.update(screening.screen(more, measure_for, burst_of, len(requests), start, target, key, prefetch))
@@ -209,7 +211,8 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             m = len(longer)     # both engines' finalists chosen on the requests their maxima are confirmed on
             screened = screening.vet(screened, measure_for, m, target, key, prefetch, burst=burst_of(m))
             if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
-                more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders) if v not in screened]
+                more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
+                        if v not in screened and (not v.short_replicas or buildable(v, devices, model, hardware))]
                 if prefix_cache:
                     more = [dataclasses.replace(v, prefix_cache=True) for v in more]
                 screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=more,
