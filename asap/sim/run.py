@@ -328,14 +328,14 @@ def sync_fleet_parts(own: list[Request], spec: EngineSpec) -> list[tuple[str, li
     pool = base.replace(devices=spec.devices - wide_devices)        # the narrow deployment and the lane together
     lengths = ([r for r in own if r.num_tokens < spec.wide_from_tokens],
                [r for r in own if r.num_tokens >= spec.wide_from_tokens])
-    short, rest = split_by_length(own, spec.wide_from_tokens, *rates(zip((pool, wide), lengths)))
+    pooled, long = split_by_length(own, spec.wide_from_tokens, *rates(zip((pool, wide), lengths)))
     if not spec.short_replicas:
-        return [("narrow", short, pool), ("wide", rest, wide)]
+        return [("narrow", pooled, pool), ("wide", long, wide)]
     lane = base.replace(devices=lane_devices)
-    lengths = ([r for r in short if r.num_tokens < spec.short_below_tokens],
-               [r for r in short if r.num_tokens >= spec.short_below_tokens])
-    lane_reqs, narrow_reqs = split_by_length(short, spec.short_below_tokens, *rates(zip((lane, narrow), lengths)))
-    return [("narrow", narrow_reqs, narrow), ("wide", rest, wide), ("short", lane_reqs, lane)]
+    lengths = ([r for r in pooled if r.num_tokens < spec.short_below_tokens],
+               [r for r in pooled if r.num_tokens >= spec.short_below_tokens])
+    short, rest = split_by_length(pooled, spec.short_below_tokens, *rates(zip((lane, narrow), lengths)))
+    return [("narrow", rest, narrow), ("wide", long, wide), ("short", short, lane)]
 
 
 def _run_sync_fleet(own, spec: EngineSpec, until) -> SimRun:
