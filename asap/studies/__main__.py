@@ -20,7 +20,6 @@ from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
 
 
-
 def _lane(text: str) -> tuple[int, int]:
     """--lanes N:TOKENS -> (N, TOKENS)."""
     try:
@@ -30,6 +29,7 @@ def _lane(text: str) -> tuple[int, int]:
     if n < 1 or below < 1:
         raise argparse.ArgumentTypeError(f"a lane needs N >= 1 and TOKENS >= 1, got {text!r}")
     return n, below
+
 
 def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
           hardware="cloudmatrix384", tokens_per_device_s: float = 4000.0, trace=TRACE) -> dict:
