@@ -56,3 +56,54 @@ def test_bad_executor_settings_are_refused():
     with pytest.raises(ValueError, match="jobs"):
         make_executor("process", jobs=0)
     assert isinstance(make_executor("process", jobs=1), Serial)
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from asap.studies.parallel import ProcessPool
+
+def work(path):
+    with open(path + "." + str(os.getpid()), "w"):
+        pass
+    time.sleep(120)
+
+if __name__ == "__main__":
+    with ProcessPool(2) as pool:
+        pool.map(work, [sys.argv[1]] * 2)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
+    """`asap sim headline --jobs N` stopped by a signal: its workers stop too, mid-simulation."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "orphans.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid")])
+    try:
+        deadline = time.time() + 60
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        pids = [int(p.suffix[1:]) for p in tmp_path.glob("pid.*")]
+        assert len(pids) == 2, "the workers did not start"
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=30)
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    deadline = time.time() + 15
+    while any(map(alive, pids)) and time.time() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if alive(p)]
+    for p in left:                      # never leave one behind, even when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their parent"

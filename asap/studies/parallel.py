@@ -10,6 +10,8 @@ objects a serial loop would return (tests/test_sim_parallel.py checks a whole tu
 - process: a local pool of `jobs` worker processes (default: the cores this process may use), started once and reused
            (spawned, not forked: a forked child of a process that loaded torch may deadlock; so a script that
            makes one needs Python's `if __name__ == "__main__":` guard, as `asap` and `python -m` have);
+           a worker exits within a second of its parent's death (`_exit_with_parent`), so a run stopped by a
+           signal leaves no simulation running;
 - ray:     tasks on a Ray cluster (`pip install 'asap-prefill[ray]'`): the one at RAY_ADDRESS if set, else a
            local one with `jobs` CPUs. For users who outgrow one machine.
 """
@@ -63,13 +65,27 @@ class ProcessPool(_Closing):
         if self._pool is None:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_exit_with_parent, initargs=(os.getpid(),))
         return list(self._pool.map(fn, tasks))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """A pool worker's initializer: a daemon thread ends the worker once `parent` is gone (the worker is
+    re-parented). A pool's own shutdown never comes when its parent is killed by a signal, and a worker in
+    the middle of a simulation would otherwise run it to the end, and the next."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 class RayExecutor(_Closing):
