@@ -214,3 +214,34 @@ def test_plan_tune_sizes_its_sample_as_the_headline_does(monkeypatch):
     slo, cost = parse_slo("2s+1ms/tok"), CostModel(get_model("deepseek-v3"), get_hardware("cloudmatrix384"))
     auto = sample_size(lambda k: slo.apply(workload_requests("fixed-4k", k)), 32, cost, NUM_REQUESTS)
     assert seen == [auto, 4000] and auto > NUM_REQUESTS
+
+
+def test_plan_tune_passes_the_search_flags_to_both_engines(monkeypatch, capsys):
+    """`asap plan --tune` widens both engines' search as `asap sim headline` does: --orders, --lanes and
+    --fleet-fractions reach each engine's tune alike; without --tune they are refused, not ignored, and a
+    malformed lane or fraction gets one line."""
+    import asap.studies.tune as tune_mod
+    seen = []
+
+    def stub(requests, engine, devices, model, hardware, **kw):
+        seen.append((engine, kw["orders"], kw["lanes"], kw["fleet_fractions"]))
+        return tune_mod.Tuned(engine, devices, None, None, None, None, reason="stub")
+    monkeypatch.setattr(tune_mod, "tune", stub)
+    assert main(["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "2s+1ms/tok", "--num-requests", "50",
+                 "--orders", "fcfs", "srpt", "--lanes", "1:4096", "2:2048", "--fleet-fractions", "0.25", "0.5"]) == 0
+    assert seen == [(e, ("fcfs", "srpt"), ((1, 4096), (2, 2048)), (0.25, 0.5)) for e in ("sync", "async")]
+    seen.clear()
+    assert main(["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "2s+1ms/tok", "--num-requests", "50"]) == 0
+    assert seen == [(e, ("fcfs",), (), (0.5,)) for e in ("sync", "async")]
+    seen.clear()
+    capsys.readouterr()
+    assert main(["plan", "--devices", "32", "--lanes", "1:4096"]) == 2
+    assert "--lanes widen --tune's search: give --tune WORKLOAD" in capsys.readouterr().err
+    argv = ["plan", "--devices", "32", "--tune", "fixed-4k", "--slo", "5s", "--num-requests", "50"]
+    with pytest.raises(SystemExit) as e:        # argparse's one-line usage error
+        main([*argv, "--lanes", "1x4096"])
+    assert e.value.code == 2 and "a lane is N:TOKENS" in capsys.readouterr().err
+    assert main([*argv, "--fleet-fractions", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "fleet fractions must be shares in (0, 1)" in err and "Traceback" not in err
+    assert not seen

@@ -13,7 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-from asap.scheduler.replica import ORDERS
 from asap.workload.slo import IdleMultiple, add_slo_flag, parse_slo
 
 PLAN = """SIMULATED. Split N devices into A attention workers + E expert workers for the async engine.
@@ -70,10 +69,8 @@ def register(sub):
                         "the run drains within its longest TTFT budget after the last arrival and meets the target "
                         "in each third of the run, and each maximum of either engine is confirmed on the same "
                         "twice-the-sample requests")
-    p.add_argument("--orders", nargs="+", default=["fcfs"], metavar="ORDER", choices=ORDERS,
-                   help="--tune: the queue orders both engines' candidates try (asap sim headline --orders; default "
-                        "fcfs; fcfs sjf edf srpt edf-preempt searches them all, and the winner's `asap serve` "
-                        "command then names its --order)")
+    from asap.studies.search_flags import add_search_flags
+    add_search_flags(p, when="--tune: ")    # --fleet-fractions, --orders, --lanes (the headline's)
     p.add_argument("--vet", action=argparse.BooleanOptionalAction, default=None,
                    help="--tune --sustained (on by default there; --no-vet: off): re-rank each search's leading "
                         "candidates on the longer sample before choosing its finalists, search them there and "
@@ -146,7 +143,8 @@ def run_tune(args) -> int:
         out = best_configs(args.model, args.hardware, args.devices, args.tune, args.slo,
                            args.num_requests,
                            verbose=True, executor=executor, sustained=args.sustained,
-                           vet=args.sustained if args.vet is None else args.vet, orders=tuple(args.orders))
+                           vet=args.sustained if args.vet is None else args.vet, orders=tuple(args.orders),
+                           fleet_fractions=tuple(args.fleet_fractions), lanes=tuple(args.lanes))
     for engine in ("sync", "async"):
         t = out["results"][engine]
         if t.best is None:
@@ -189,6 +187,10 @@ def run_plan(args) -> int:
         raise ValueError("--sustained is a rule of --tune's search: give --tune WORKLOAD")
     if args.vet and not args.sustained:
         raise ValueError("--vet re-ranks on the sample --sustained confirms on: give --tune WORKLOAD --sustained")
+    widened = [f for f, v, d in (("--orders", args.orders, ["fcfs"]), ("--lanes", args.lanes, []),
+                                 ("--fleet-fractions", args.fleet_fractions, [0.5])) if v != d]
+    if widened and not args.tune:
+        raise ValueError(f"{' '.join(widened)} widen --tune's search: give --tune WORKLOAD")
     if args.tune:
         return run_tune(args)
     n = PLAN_REQUESTS if args.num_requests is None else args.num_requests

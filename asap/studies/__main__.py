@@ -13,22 +13,10 @@ from asap.studies import parallel
 from asap.studies.calibrate import calibrate
 from asap.studies.experiments import TRACE, at_rate, trace_requests
 from asap.studies.headline import DEFAULT_SLO, NUM_REQUESTS, WORKLOADS, run_headline
-from asap.scheduler.replica import ORDERS
-from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS
+from asap.studies.search_flags import add_search_flags
 from asap.sim.run import run
 from asap.sim.trace_export import write_trace
 from asap.workload.slo import add_slo_flag
-
-
-def _lane(text: str) -> tuple[int, int]:
-    """--lanes N:TOKENS -> (N, TOKENS)."""
-    try:
-        n, below = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a lane is N:TOKENS (e.g. 1:4096), got {text!r}") from None
-    if n < 1 or below < 1:
-        raise argparse.ArgumentTypeError(f"a lane needs N >= 1 and TOKENS >= 1, got {text!r}")
-    return n, below
 
 
 def speed(num_requests: int = 10000, devices: int = 384, engine: str = "async", model="deepseek-v3",
@@ -97,19 +85,7 @@ def add_commands(sub, extra=()) -> None:
     h.add_argument("--prefix-cache", action="store_true",
                    help="both engines get a prefix cache per replica / DP group (LRU over the traces' 512-token "
                         "block hashes, capacity from the memory left after weights); off by default")
-    h.add_argument("--fleet-fractions", type=float, nargs="+", default=list(FLEET_FRACTIONS), metavar="F",
-                   help="the wide group's shares of an instance that both engines' length-aware fleets try "
-                        "(default 0.5; e.g. 0.25 0.5 0.625 0.75: a sync deployment too small for the weights "
-                        "is left out)")
-    h.add_argument("--orders", nargs="+", default=list(QUEUE_ORDERS), choices=ORDERS, metavar="ORDER",
-                   help="the queue orders of a replica / DP group both engines' candidates try, a secondary knob "
-                        f"(default fcfs; of {', '.join(ORDERS)}: sjf / edf are what vLLM's priority scheduling "
-                        "gives with the prompt length / deadline as the priority; srpt / edf-preempt also pause a "
-                        "started prompt at a chunk boundary)")
-    h.add_argument("--lanes", nargs="+", default=[], type=_lane, metavar="N:TOKENS",
-                   help="short-prompt lanes both engines' candidates try, a secondary knob: N replicas (async) / DP "
-                        "groups (sync, a deployment of its own in a length-aware fleet) that take only prompts under "
-                        "TOKENS (e.g. 1:4096 2:4096; default none)")
+    add_search_flags(h)
     h.add_argument("--sustained", action="store_true",
                    help="a rate passes only if the run also drains within its longest TTFT budget after its last "
                         "arrival and meets the target in each third of the run by arrival, so no rate passes on a "

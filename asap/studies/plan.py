@@ -23,7 +23,7 @@ from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.studies.experiments import TARGET, TRACE, at_rate, with_slo
-from asap.studies.space import QUEUE_ORDERS
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
@@ -200,7 +200,8 @@ def format_plan(p: Plan) -> str:
 
 def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 32, workload="conversation",
                  slo="2s+1ms/tok", num_requests: int | None = None, verbose: bool = False, executor=None,
-                 sustained: bool = False, vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS) -> dict:
+                 sustained: bool = False, vet: bool = False, orders: tuple[str, ...] = QUEUE_ORDERS,
+                 fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, lanes: tuple = ()) -> dict:
     """The best-tuned configuration of each engine (SIMULATED; asap.studies.tune, the same search and budget for
     both): {"sync": EngineConfig | None, "async": EngineConfig | None, "results": {engine: Tuned}}.
 
@@ -213,7 +214,11 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     engine is confirmed on the same CONFIRM x num_requests requests); vet (with sustained): the headline's
     --vet (each tune re-ranks its screen's leaders on a longer sample, searches its finalists there and
     confirms them as above, asap.studies.tune.tune); orders: the queue orders both engines' candidates try
-    (asap.studies.space.secondary; the headline's --orders)."""
+    (asap.studies.space.secondary; the headline's --orders); fleet_fractions, lanes: the wide group's shares
+    of both engines' length-aware fleets and the short-prompt lanes they try (the headline's --fleet-fractions,
+    --lanes)."""
+    if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
+        raise ValueError(f"fleet fractions must be shares in (0, 1), got {list(fleet_fractions)!r}")
     if vet and not sustained:
         raise ValueError("vet re-ranks on the sample the sustained rule confirms on: set sustained too")
     from asap.studies.tune import CONFIRM, tune
@@ -231,6 +236,7 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     start = time.time()
     results = {engine: tune(pool[:num_requests], engine, devices, model, hardware, verbose=verbose,
                             executor=executor, progress=Progress(f"tune {engine} x{devices}", start) if verbose
-                            else None, orders=tuple(orders), **rule)
+                            else None, orders=tuple(orders), fleet_fractions=tuple(fleet_fractions),
+                            lanes=tuple(lanes), **rule)
                for engine in ("sync", "async")}
     return {"sync": results["sync"].best, "async": results["async"].best, "results": results}
