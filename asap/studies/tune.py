@@ -192,6 +192,13 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         pool = longer if n > len(requests) else requests
         return burst_limit(n, sum(r.deadline - r.arrival for r in pool[:n]) / n)
 
+    def variants(ranked: dict) -> list[EngineConfig]:
+        """The secondary variants (asap.studies.space.secondary) of the SCREEN_KEEP best of `ranked` not yet in
+        it, those a layout cannot hold left out (a lane; asap.studies.space.buildable)."""
+        more = [v for c in list(ranked)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
+                if v not in ranked and (not v.short_replicas or buildable(v, devices, model, hardware))]
+        return [dataclasses.replace(v, prefix_cache=True) for v in more] if prefix_cache else more
+
     screened: dict = {}
     start = start_rate
     vetted = 0          # with vet: the vet's sample size (all of `longer`), on which every finalist is searched
@@ -201,21 +208,14 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             sims += 1
         screened = screening.screen(cands, measure_for, burst_of, len(requests), start, target, key, prefetch)
         if candidates is None:      # the secondary knobs of the best primary candidates (asap.studies.space.space)
-            more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
-                        if v not in screened and (not v.short_replicas or buildable(v, devices, model, hardware))]
-            if prefix_cache:
-                more = [dataclasses.replace(v, prefix_cache=True) for v in more]
+            more = variants(screened)
             screened.update(screening.screen(more, measure_for, burst_of, len(requests), start, target, key, prefetch))
             screened = dict(sorted(screened.items(), key=lambda kv: kv[1]["score"], reverse=True))
         if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample, finalists searched there
             m = len(longer)     # both engines' finalists chosen on the requests their maxima are confirmed on
             screened = screening.vet(screened, measure_for, m, target, key, prefetch, burst=burst_of(m))
             if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
-                more = [v for c in list(screened)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
-                        if v not in screened and (not v.short_replicas or buildable(v, devices, model, hardware))]
-                if prefix_cache:
-                    more = [dataclasses.replace(v, prefix_cache=True) for v in more]
-                screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=more,
+                screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=variants(screened),
                                 burst=burst_of(m))
             vetted = m
         cands = list(screened)[:FINALISTS]
