@@ -171,3 +171,29 @@ def test_the_headline_records_lanes_and_refuses_resuming_under_others():
     from asap.cli import main
     with pytest.raises(SystemExit):
         main(["sim", "headline", "--lanes", "1:x"])
+
+
+def test_a_lane_keeps_its_share_when_a_row_is_scaled_to_more_devices():
+    """The headline's larger rows scale a 32-die fleet to one instance of N dies keeping its wide share; its
+    short-prompt lane keeps its share likewise (one TP1 lane replica per 32 dies is two at 64), so a lane
+    found at 32 dies is not diluted by scaling."""
+    from asap.studies.headline import scale_config
+    from asap.studies.space import buildable
+    a = EngineConfig("async", attention_tp=1, token_budget=8192, colocated=True, wide_replicas=5, wide_tp=4,
+                     short_replicas=1, short_below_tokens=4096)
+    a64 = scale_config(a, 64, 32, "deepseek-v3", "cloudmatrix384")
+    assert (a64.instances, a64.wide_replicas, a64.short_replicas, a64.short_below_tokens) == (1, 10, 2, 4096)
+    assert buildable(a64, 64)
+    assert scale_config(dataclasses.replace(a, short_replicas=0), 64, 32, "deepseek-v3",
+                        "cloudmatrix384").short_replicas == 0
+    c = EngineConfig("async", attention_tp=1, token_budget=8192, instances=1, attention_workers=32, colocated=True,
+                     short_replicas=1, short_below_tokens=2048)
+    assert scale_config(c, 128, 32, "deepseek-v3", "cloudmatrix384").short_replicas == 4
+    p = EngineConfig("async", attention_tp=1, token_budget=8192, attention_workers=16, short_replicas=1,
+                     short_below_tokens=4096)
+    p64 = scale_config(p, 64, 32, "deepseek-v3", "cloudmatrix384")
+    assert (p64.attention_workers, p64.short_replicas) == (32, 2) and buildable(p64, 64)
+    s = EngineConfig("sync", attention_tp=8, token_budget=16384, wide_replicas=2, wide_tp=16, short_replicas=2,
+                     short_below_tokens=4096)
+    s128 = scale_config(s, 128, 64, "deepseek-v3", "cloudmatrix384")
+    assert (s128.wide_replicas, s128.short_replicas) == (4, 4) and buildable(s128, 128)

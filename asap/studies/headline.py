@@ -60,9 +60,14 @@ def replicate(c: EngineConfig, devices: int, from_devices: int) -> EngineConfig 
 
 
 def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardware) -> EngineConfig | None:
-    """A configuration found at `from_devices`, on `devices` devices (None where it does not fit)."""
+    """A configuration found at `from_devices`, on `devices` devices (None where it does not fit). A fleet's wide
+    group and a short-prompt lane keep their shares of the devices."""
     if c.instances > 1 and c.engine == "async":
         return replicate(c, devices, from_devices)
+
+    def share(n: int, per: int) -> int:         # n of `per` devices' replicas, on `devices` (0 stays 0)
+        return n and max(1, round(n * devices / per))
+    per = from_devices // c.instances
     if c.engine == "sync" or c.colocated:   # one instance over all the devices, the same DP group / replica
         try:                                # shape (replicate keeps the instance size)
             check_memory("sync", get_model(model), get_hardware(hardware), devices, devices, c.attention_tp)
@@ -70,15 +75,16 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
             return None
         if devices % c.attention_tp:
             return None
-        if c.wide_replicas:         # a length-aware fleet keeps its share of wide devices
-            per = from_devices // c.instances
-            return dataclasses.replace(c, instances=1, wide_replicas=max(1, round(c.wide_replicas * devices / per)))
+        if c.wide_replicas:
+            return dataclasses.replace(c, instances=1, wide_replicas=share(c.wide_replicas, per),
+                                       short_replicas=share(c.short_replicas, per))
         return dataclasses.replace(c, instances=1, attention_workers=devices // c.attention_tp if c.colocated
-                                   else c.attention_workers)
+                                   else c.attention_workers, short_replicas=share(c.short_replicas, per))
     e_min = min_expert_workers(get_model(model), get_hardware(hardware))
     a = max(1, round(c.attention_workers * devices / from_devices))
     a = min(a, (devices - e_min) // c.attention_tp)
-    return dataclasses.replace(c, attention_workers=a) if a >= 1 else None
+    return dataclasses.replace(c, attention_workers=a, short_replicas=min(share(c.short_replicas, per), a - 1)) \
+        if a >= 1 else None
 
 
 def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1,
