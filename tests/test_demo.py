@@ -39,12 +39,13 @@ def test_the_headline_entry_comes_only_from_a_headline_of_the_demo_case_on_this_
     doc = {"model": FULL.model, "hardware": FULL.hardware, "slo": FULL.sim_slo, "num_requests": 1500,
            "code_fingerprint": fingerprint(), "sustained": tuning.headline_rule(FULL),
            "fleet_fractions": list(FULL.sim_fleet_fractions), "orders": list(FULL.sim_orders),
-           "rows": [{"workload": FULL.sim_workload, "devices": FULL.sim_devices,
+           "lanes": [list(x) for x in FULL.sim_lanes], "rows": [{"workload": FULL.sim_workload, "devices": FULL.sim_devices,
                      "sync": engine("sync", 1.5), "async": engine("async", 2.0)}]}
     for change, why in (({"code_fingerprint": "0" * 12}, "other simulation code"), ({"slo": "5s"}, "demo's case"),
                         ({"rows": []}, "no conversation row"), ({"sustained": False}, "another search rule"),
                         ({"fleet_fractions": [0.5]}, "wide shares"), ({"num_requests": 3000}, "sampled 3000"),
                         ({"orders": ["fcfs"]}, "queue orders"),
+                        ({"lanes": []}, "short-prompt lanes"),
                         ({"num_requests": None}, "sampled None")):       # sized per row, and the row does not say
         (tmp_path / "h.json").write_text(json.dumps({**doc, **change}))
         assert tuning.main(["--from-headline", str(tmp_path / "h.json")]) == 2

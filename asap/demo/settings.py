@@ -51,6 +51,7 @@ class DemoSettings:
     # finalists searched there)
     sim_fleet_fractions: tuple[float, ...] = (0.25, 0.5, 0.625, 0.75)
     sim_orders: tuple[str, ...] = ("fcfs", "sjf", "edf", "srpt", "edf-preempt")   # both engines try (--orders)
+    sim_lanes: tuple = ((1, 4096), (1, 2048))      # the short-prompt lanes both engines try (--lanes N:TOKENS)
     sim_sustained: bool = True
     sim_vet: bool = True
 

@@ -53,6 +53,7 @@ def headline_key(s: DemoSettings) -> str:
     return (f"headline/{s.model}/{s.hardware}/{s.sim_devices}/{s.sim_workload}/slo{s.sim_slo}/n{HEADLINE_REQUESTS}"
             f"/fleets{'-'.join(f'{f:g}' for f in s.sim_fleet_fractions)}" + ("/sustained" if s.sim_sustained else "")
             + (f"/orders{'-'.join(s.sim_orders)}" if tuple(s.sim_orders) != QUEUE_ORDERS else "")
+            + (f"/lanes{'-'.join(f'{n}:{b}' for n, b in s.sim_lanes)}" if s.sim_lanes else "")
             + ("/vet" if s.sim_vet else ""))
 
 
@@ -154,12 +155,13 @@ def headline_entry(row: dict, code: str, tune_s: float | None = None, rule: str 
 def tune_headline(s: DemoSettings, executor=None, progress: bool = False) -> dict:
     """The headline's row for the demo's SIMULATED case (SIMULATED search: `asap sim headline --devices
     {s.sim_devices} --workloads {s.sim_workload} --slo-scales 1.0 --fleet-fractions {s.sim_fleet_fractions}`,
-    with --sustained where s.sim_sustained, --vet where s.sim_vet, --orders s.sim_orders)."""
+    with --sustained where s.sim_sustained, --vet where s.sim_vet, --orders s.sim_orders, --lanes s.sim_lanes)."""
     from asap.studies.headline import run_headline
     t0, code = time.monotonic(), fingerprint()
     out = run_headline(device_counts=(s.sim_devices,), workloads=(s.sim_workload,), slo=s.sim_slo, slo_scales=(1.0,),
                        model=s.model, hardware=s.hardware, num_requests=HEADLINE_REQUESTS, out_dir=None,
                        verbose=progress, executor=executor, fleet_fractions=s.sim_fleet_fractions, orders=s.sim_orders,
+                       lanes=s.sim_lanes,
                        sustained=s.sim_sustained, vet=s.sim_vet)
     return headline_entry(out["rows"][0], code, time.monotonic() - t0, out["sustained"])
 
@@ -185,6 +187,9 @@ def from_headline(path: Path, s: DemoSettings) -> dict:
     if tuple(doc.get("orders", QUEUE_ORDERS)) != tuple(s.sim_orders):
         raise ValueError(f"{path}: the headline's candidates tried the queue orders {doc.get('orders', ['fcfs'])}, "
                          f"the demo's case {list(s.sim_orders)} (--orders)")
+    if tuple(tuple(x) for x in doc.get("lanes", ())) != tuple(s.sim_lanes):
+        raise ValueError(f"{path}: the headline's candidates tried the short-prompt lanes {doc.get('lanes', [])}, "
+                         f"the demo's case {[list(x) for x in s.sim_lanes]} (--lanes)")
     rows = [r for r in doc["rows"] if r["workload"] == s.sim_workload and r["devices"] == s.sim_devices]
     if not rows:
         raise ValueError(f"{path}: no {s.sim_workload} row on {s.sim_devices} devices")
@@ -251,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"--devices {FULL.sim_devices} --workloads {FULL.sim_workload} --slo-scales 1.0 "
                         f"--fleet-fractions {' '.join(f'{f:g}' for f in FULL.sim_fleet_fractions)}"
                         f"{' --sustained' if FULL.sim_sustained else ''}{' --vet' if FULL.sim_vet else ''}"
-                        f" --orders {' '.join(FULL.sim_orders)}` run on "
+                        f" --orders {' '.join(FULL.sim_orders)}"
+                        f"{' --lanes ' + ' '.join(f'{n}:{b}' for n, b in FULL.sim_lanes) if FULL.sim_lanes else ''}` run on "
                         f"this code")
     from asap.studies import parallel
     parallel.add_arguments(p)
