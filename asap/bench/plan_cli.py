@@ -187,8 +187,9 @@ def run_plan(args) -> int:
         raise ValueError("--sustained is a rule of --tune's search: give --tune WORKLOAD")
     if args.vet and not args.sustained:
         raise ValueError("--vet re-ranks on the sample --sustained confirms on: give --tune WORKLOAD --sustained")
-    widened = [f for f, v, d in (("--orders", args.orders, ["fcfs"]), ("--lanes", args.lanes, []),
-                                 ("--fleet-fractions", args.fleet_fractions, [0.5])) if v != d]
+    from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS
+    widened = [f for f, v, d in (("--orders", args.orders, QUEUE_ORDERS), ("--lanes", args.lanes, ()),
+                                 ("--fleet-fractions", args.fleet_fractions, FLEET_FRACTIONS)) if tuple(v) != d]
     if widened and not args.tune:
         raise ValueError(f"{' '.join(widened)} widen --tune's search: give --tune WORKLOAD")
     if args.tune:
