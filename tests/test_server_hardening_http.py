@@ -34,7 +34,8 @@ def test_a_cancelled_request_never_gets_a_chunk_scheduled(engine, layout):
                 started.append(msg.request_id)
             handle(msg)
         llm.engine._handle = spy
-        first = llm.submit(LONG[:512])      # 8 steps at 64 tokens: the rest wait behind it (FCFS)
+        first = llm.submit(LONG[:2048])     # 32 steps at 64 tokens: the rest wait behind it (FCFS), long enough
+                                            # for the cancels below to reach the replica first on a loaded machine
         rest = [llm.submit(LONG[:512]) for _ in range(6)]
         assert all(f.cancel() for f in rest)
         first.result(timeout=120)
