@@ -85,18 +85,21 @@ def vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=N
     lower end of its bracket: the highest vetted rate it passed, or the bracket's floor (hi / SCREEN_STEP, not
     simulated on the longer sample) where it passed none; vet_hi, the upper end (the lowest vetted rate it
     failed, or the next rate of the grid where it failed none); and vet_requests = m.
-    more: candidates the screen did not simulate (the secondary variants of the vetted best), vetted as leaders
-    on the same grid and ranked with them; their screen columns are None. A leader vetted before is not
-    simulated again (its grid is the same, and measure_for's cache holds it)."""
+    more: candidates to vet beside the leaders (the secondary variants of the vetted best), on the same grid and
+    ranked with them; those the screen did not simulate get screen columns of None. Candidates an earlier call
+    vetted on m requests are leaders again, so a later call ranks them all; none is simulated again (its grid
+    is the same, and measure_for's cache holds it)."""
     passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
     if not passed:
         return screened
     hi = max(passed)
     lo = hi / SCREEN_STEP
-    more = [c for c in dict.fromkeys(more) if c not in screened]
+    more = [c for c in dict.fromkeys(more) if screened.get(c, {}).get("vet_requests") != m]
     screened = screened | {c: {"score": None, "passed_rate": None, "rate": None, "attainment": None,
-                               "ttft_p90_ms": None, "n": m} for c in more}
-    leaders = [c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST] + more
+                               "ttft_p90_ms": None, "n": m} for c in more if c not in screened}
+    before = [c for c, s in screened.items() if s.get("vet_requests") == m]     # vetted by an earlier call
+    leaders = list(dict.fromkeys([c for c, s in screened.items() if (s["passed_rate"] or 0.0) >= lo][:VET_MOST]
+                                 + before + more))
     bounds = {c: (lo, hi) for c in leaders}          # each leader's maximum lies in [lo, hi) as far as known
     value = {}                                       # its value at its upper bound's rate, once simulated
     for _ in range(VET_DEPTH):

@@ -26,7 +26,9 @@ confirmed on the same requests whatever samples their searches used (confirming 
 search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
 With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
 first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP
-best vetted are vetted beside them; leaders that pass the vet's whole grid have it raised while more than
+best vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own variants
+(up to LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on the
+conversation row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the vet's whole grid have it raised while more than
 FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample
 from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all of
 `longer` as above (the vet's sample is all of `longer`, for both engines alike, so every finalist is chosen on
@@ -60,6 +62,7 @@ from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, buildable, seconda
 from asap.sim.run import run
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
+LEADER_ROUNDS = 3           # with vet: rounds that vet the secondary variants of a new leader (see tune)
 TARGET = 0.9                # the attainment the criteria require by default
 CONFIRM = 2                 # callers size `longer` (the confirmation and vet sample) as CONFIRM x the search's
 CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment",
@@ -124,7 +127,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
     sample before the finalists are chosen (asap.studies.screen.vet; with the space's candidates, the secondary variants of the
-    SCREEN_KEEP best vetted are then vetted too), and every finalist is searched on that sample from its
+    SCREEN_KEEP best vetted are then vetted too, and those of each new leader, up to LEADER_ROUNDS times), and every finalist is searched on that sample from its
     vetted bracket and confirmed on all of `longer`: the short screen can rank a
     candidate whose queue grows slowly above one that sustains more, and understate one the longer sample
     shows sustaining more."""
@@ -192,10 +195,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         pool = longer if n > len(requests) else requests
         return burst_limit(n, sum(r.deadline - r.arrival for r in pool[:n]) / n)
 
-    def variants(ranked: dict) -> list[EngineConfig]:
-        """The secondary variants (asap.studies.space.secondary) of the SCREEN_KEEP best of `ranked` not yet in
-        it, those a layout cannot hold left out (a lane; asap.studies.space.buildable)."""
-        more = [v for c in list(ranked)[:SCREEN_KEEP] for v in secondary(c, orders, lanes)
+    def variants(ranked: dict, keep: int = SCREEN_KEEP) -> list[EngineConfig]:
+        """The secondary variants (asap.studies.space.secondary) of the `keep` best of `ranked` not yet in it,
+        those a layout cannot hold left out (a lane; asap.studies.space.buildable)."""
+        more = [v for c in list(ranked)[:keep] for v in secondary(c, orders, lanes)
                 if v not in ranked and (not v.short_replicas or buildable(v, devices, model, hardware))]
         return [dataclasses.replace(v, prefix_cache=True) for v in more] if prefix_cache else more
 
@@ -217,6 +220,13 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
                 screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=variants(screened),
                                 burst=burst_of(m))
+                for _ in range(LEADER_ROUNDS):  # then those of each new leader, until the leader is unchanged
+                    more = [v for v in variants({next(iter(screened)): None}, keep=1)
+                            if screened.get(v, {}).get("vet_requests") != m]
+                    if not more:
+                        break
+                    screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=more,
+                                             burst=burst_of(m))
             vetted = m
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
