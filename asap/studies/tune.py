@@ -61,7 +61,7 @@ from asap.studies.screen import FINALISTS, SCREEN_KEEP
 from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, buildable, secondary, space
 from asap.sim.run import run
 
-COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.05, 2
+COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.02, 2
 LEADER_ROUNDS = 3           # with vet: rounds that vet the secondary variants of a new leader (see tune)
 TARGET = 0.9                # the attainment the criteria require by default
 CONFIRM = 2                 # callers size `longer` (the confirmation and vet sample) as CONFIRM x the search's
