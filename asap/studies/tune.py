@@ -26,11 +26,11 @@ confirmed on the same requests whatever samples their searches used (confirming 
 search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
 With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
 first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP
-best vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own variants
-(up to LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on the
-conversation row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the vet's whole grid have it raised while more than
-FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the vet's sample
-from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all of
+best vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own
+variants (up to LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a
+lane on the conversation row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the
+vet's whole grid have it raised while more than FINALISTS tie at its top; each of the FINALISTS best
+vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all of
 `longer` as above (the vet's sample is all of `longer`, for both engines alike, so every finalist is chosen on
 the requests its maximum is confirmed on: a vet on CONFIRM x each engine's own screen sample chose sync's
 finalists on 750 of the synthetic 32-die row's 3,000 requests and async's on 1,496): the screen's short
@@ -126,9 +126,10 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     one wins: give both engines the same `longer` and both are confirmed on the same requests. Ignored under
     the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
-    sample before the finalists are chosen (asap.studies.screen.vet; with the space's candidates, the secondary variants of the
-    SCREEN_KEEP best vetted are then vetted too, and those of each new leader, up to LEADER_ROUNDS times), and every finalist is searched on that sample from its
-    vetted bracket and confirmed on all of `longer`: the short screen can rank a
+    sample before the finalists are chosen (asap.studies.screen.vet; with the space's candidates, the
+    secondary variants of the SCREEN_KEEP best vetted are then vetted too, and those of each new leader, up to
+    LEADER_ROUNDS times), and every finalist is searched on that sample from its vetted bracket and confirmed
+    on all of `longer`: the short screen can rank a
     candidate whose queue grows slowly above one that sustains more, and understate one the longer sample
     shows sustaining more."""
     if criterion not in CRITERIA:
