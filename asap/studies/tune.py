@@ -30,8 +30,8 @@ best vetted are vetted beside them, and while that makes a new candidate the lea
 variants (up to LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a
 lane on the conversation row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the
 vet's whole grid have it raised while more than FINALISTS tie at its top; each of the FINALISTS best
-vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all of
-`longer` as above (the vet's sample is all of `longer`, for both engines alike, so every finalist is chosen on
+vetted is then searched (tol FINE_TOL) on the vet's sample from its vetted bracket, instead of the coarse
+and fine searches on the short one, and confirmed on all of `longer` as above (the vet's sample is all of `longer`, for both engines alike, so every finalist is chosen on
 the requests its maximum is confirmed on: a vet on CONFIRM x each engine's own screen sample chose sync's
 finalists on 750 of the synthetic 32-die row's 3,000 requests and async's on 1,496): the screen's short
 sample can rank a candidate whose queue grows slowly (a length-aware fleet with too few devices for its long
