@@ -56,8 +56,9 @@ class DemoSettings:
     sim_vet: bool = True
 
 
-# The emulated rate sits at async's SIMULATED maximum on the emulated cluster (asap/demo/tuned.json: on 24 dies sync
-# 11.7 and async 13.6 req/s; --quick, 20 dies: 8.7 and 10.5). A short run cannot reach the steady state in which
+# The emulated rate sits just under async's SIMULATED maximum on the emulated cluster (asap/demo/tuned.json: on 24
+# dies sync 11.95 and async 13.94 req/s; --quick, 20 dies: 9.0 and 10.7; the rates were set at 13.6 and 10.5, the
+# maxima of a 5% search). A short run cannot reach the steady state in which
 # sync falls below 90% (the simulator needs ~120 requests at 16 req/s for that, minutes of emulation), so the run
 # shows the barrier's stall, not a failure. Dilation 12: at 8 the CPU work around each layer's messages was no
 # longer small against TP8's short ops (32 requests at 14 req/s: sync 0.88 within SLO against the simulator's
