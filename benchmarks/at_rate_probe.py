@@ -38,6 +38,13 @@ def variant(c: EngineConfig, setting: str) -> EngineConfig:
     return dataclasses.replace(c, **{name: value})
 
 
+def simulate(doc: dict, row: dict, engine: str, c: EngineConfig, rate: float, n: int, devices: int) -> dict:
+    """`c` on `devices` devices at `rate` on the first n requests of the row's workload, with the headline's
+    SLO: the summary the tune ranks by (asap.studies.tune._simulate). Shared with scaling_probe.py."""
+    reqs = parse_slo(doc["slo"]).apply(workload_requests(row["workload"], n))
+    return _simulate((reqs, rate, engine, doc["model"], doc["hardware"], devices, c, 0.0, None))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("headline", help="headline.json; its last row is used")
@@ -51,12 +58,11 @@ def main(argv=None) -> None:
     row = doc["rows"][-1]
     best = EngineConfig(**row[a.engine]["config"])
     n = row[a.engine]["num_requests"]
-    reqs = parse_slo(doc["slo"]).apply(workload_requests(row["workload"], n))
     print(f"[SIMULATED] {row['workload']}, {row['devices']} dies, {n} requests, {a.engine} best: "
           f"{best.describe(row['devices'])}")
     for c in [best] + [variant(best, s) for s in a.set]:
         for rate in a.rates:
-            o = _simulate((reqs, rate, a.engine, doc["model"], doc["hardware"], row["devices"], c, 0.0, None))
+            o = simulate(doc, row, a.engine, c, rate, n, row["devices"])
             print(f"[SIMULATED]   {c.describe(row['devices'])[-60:]:>60} at {rate:.4g} req/s: all requests "
                   f"{o['slo_attainment']:.1%}, sustained {o['sustained_attainment']:.1%}, every bucket "
                   f"{o['min_bucket_attainment']:.1%}, sustained every bucket {o['sustained_min_bucket_attainment']:.1%}")

@@ -17,9 +17,8 @@ import argparse
 import json
 
 from asap.studies.config import EngineConfig
-from asap.studies.tune import _simulate
 from asap.workload.presets import workload_requests
-from asap.workload.slo import parse_slo
+from at_rate_probe import simulate      # benchmarks/, beside this script
 
 
 def last_row(path: str) -> tuple[dict, dict]:
@@ -43,11 +42,10 @@ def main(argv=None) -> None:
     for engine in ("sync", "async"):
         lg, sm = large[engine], small[engine]
         n = lg["num_requests"]
-        reqs = parse_slo(doc["slo"]).apply(workload_requests(large["workload"], n))
         c = EngineConfig(**sm["config"])
         rate = share * lg["max_slo_rate"]
-        out = _simulate((reqs, rate, engine, doc["model"], doc["hardware"], small["devices"], c, 0.0, None))
-        tokens = [r.num_tokens for r in reqs]
+        out = simulate(doc, large, engine, c, rate, n, small["devices"])
+        tokens = [r.num_tokens for r in workload_requests(large["workload"], n)]
         print(f"[SIMULATED] {engine:5} {c.describe(small['devices'])}")
         print(f"            its row: {sm['max_slo_rate']:.3f} req/s on {sm['num_requests']} requests; here "
               f"{rate:.3f} req/s on {n} (mean prompt {sum(tokens) / n:,.0f} tokens): "
