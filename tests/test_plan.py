@@ -245,3 +245,16 @@ def test_plan_tune_passes_the_search_flags_to_both_engines(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "fleet fractions must be shares in (0, 1)" in err and "Traceback" not in err
     assert not seen
+
+
+def test_plan_and_headline_check_the_search_flags_alike_before_any_simulation():
+    from asap.studies.headline import run_headline
+    from asap.studies.plan import best_configs
+    from asap.studies.space import check_search
+    assert check_search((0.5,), ("fcfs", "srpt"), [["1", "4096"]]) == ((1, 4096),)
+    for bad, match in [(dict(fleet_fractions=(1.0,)), "fleet fractions"), (dict(orders=("lifo",)), "orders must be"),
+                       (dict(lanes=((0, 4096),)), "lanes must be"), (dict(lanes=((1,),)), "lanes must be")]:
+        with pytest.raises(ValueError, match=match):
+            best_configs(devices=8, workload="fixed-4k", num_requests=10, **bad)
+        with pytest.raises(ValueError, match=match):
+            run_headline((8,), ("fixed-4k",), out_dir=None, verbose=False, **bad)

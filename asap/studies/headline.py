@@ -36,7 +36,7 @@ from asap.sim.run import get_model, run
 from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
 from asap.studies.config import EngineConfig
 from asap.studies.headline_output import LABEL, format_row, write_headline, write_traces
-from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, space
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, check_search, space
 from asap.studies.tune import CONFIRM, CRITERIA, REFINE, best_of_criteria, pass_values, tune
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
@@ -143,14 +143,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
     finalists, and confirms every finalist (asap.studies.tune.tune's vet); recorded in the rule."""
     if vet and not sustained:
         raise ValueError("vet re-ranks on the sample a sustained headline confirms on: set sustained too")
-    if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
-        raise ValueError(f"fleet fractions must be shares in (0, 1), got {fleet_fractions!r}")
-    from asap.scheduler.replica import ORDERS
-    if not orders or any(o not in ORDERS for o in orders):
-        raise ValueError(f"orders must be some of {', '.join(ORDERS)}, got {orders!r}")
-    lanes = tuple((int(n), int(b)) for n, b in lanes)
-    if any(n < 1 or b < 1 for n, b in lanes):
-        raise ValueError(f"lanes must be (replicas >= 1, below_tokens >= 1) pairs, got {lanes!r}")
+    lanes = check_search(fleet_fractions, orders, lanes)
     t_start, t_wall = time.perf_counter(), time.time()
     base_slo = parse_slo(slo)
     main, per_bucket = ("requests-sustained", "every-bucket-sustained") if sustained else ("requests", "every-bucket")

@@ -23,7 +23,7 @@ from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.sim.cost import CostModel
 from asap.studies.experiments import TARGET, TRACE, at_rate, with_slo
-from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS
+from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, check_search
 from asap.sim.hardware import get_hardware
 from asap.sim.memory import min_expert_workers
 from asap.sim.run import balanced_split, get_model, run
@@ -217,8 +217,7 @@ def best_configs(model="deepseek-v3", hardware="cloudmatrix384", devices: int = 
     (asap.studies.space.secondary; the headline's --orders); fleet_fractions, lanes: the wide group's shares
     of both engines' length-aware fleets and the short-prompt lanes they try (the headline's --fleet-fractions,
     --lanes)."""
-    if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
-        raise ValueError(f"fleet fractions must be shares in (0, 1), got {list(fleet_fractions)!r}")
+    lanes = check_search(fleet_fractions, orders, lanes)
     if vet and not sustained:
         raise ValueError("vet re-ranks on the sample the sustained rule confirms on: set sustained too")
     from asap.studies.tune import CONFIRM, tune

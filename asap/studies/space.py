@@ -52,6 +52,24 @@ FLEET_FRACTIONS = (0.5,)     # the wide group's share of an instance's devices (
 QUEUE_ORDERS = ("fcfs",)
 
 
+def check_search(fleet_fractions: tuple[float, ...] = FLEET_FRACTIONS, orders: tuple[str, ...] = QUEUE_ORDERS,
+                 lanes: tuple = ()) -> tuple[tuple[int, int], ...]:
+    """Validate the knobs that widen both engines' search alike (`asap sim headline`, `asap plan --tune`) and
+    return the lanes as (replicas, below_tokens) int pairs; a ValueError names the bad one."""
+    from asap.scheduler.replica import ORDERS
+    if not fleet_fractions or any(not 0 < f < 1 for f in fleet_fractions):
+        raise ValueError(f"fleet fractions must be shares in (0, 1), got {list(fleet_fractions)!r}")
+    if not orders or any(o not in ORDERS for o in orders):
+        raise ValueError(f"orders must be some of {', '.join(ORDERS)}, got {list(orders)!r}")
+    try:
+        pairs = tuple((int(n), int(b)) for n, b in lanes)
+    except (TypeError, ValueError):
+        raise ValueError(f"lanes must be (replicas, below_tokens) pairs, got {list(lanes)!r}") from None
+    if any(n < 1 or b < 1 for n, b in pairs):
+        raise ValueError(f"lanes must be (replicas >= 1, below_tokens >= 1) pairs, got {list(lanes)!r}")
+    return pairs
+
+
 def instance_sizes(devices: int, engine: str, model="deepseek-v3", hardware="cloudmatrix384") -> list[int]:
     """Every instance size that divides `devices` and can hold the model (sync: the experts over the
     instance plus attention on a DP group of the widest TP; async: the expert floor plus one replica)."""
