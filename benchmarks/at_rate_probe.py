@@ -15,7 +15,7 @@ import dataclasses
 import json
 
 from asap.studies.config import EngineConfig
-from asap.studies.tune import _simulate
+from asap.studies.tune_tasks import simulate as simulate_task
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -40,9 +40,9 @@ def variant(c: EngineConfig, setting: str) -> EngineConfig:
 
 def simulate(doc: dict, row: dict, engine: str, c: EngineConfig, rate: float, n: int, devices: int) -> dict:
     """`c` on `devices` devices at `rate` on the first n requests of the row's workload, with the headline's
-    SLO: the summary the tune ranks by (asap.studies.tune._simulate). Shared with scaling_probe.py."""
+    SLO: the summary the tune ranks by (asap.studies.tune_tasks.simulate). Shared with scaling_probe.py."""
     reqs = parse_slo(doc["slo"]).apply(workload_requests(row["workload"], n))
-    return _simulate((reqs, rate, engine, doc["model"], doc["hardware"], devices, c, 0.0, None))
+    return simulate_task((reqs, rate, engine, doc["model"], doc["hardware"], devices, c, 0.0, None))
 
 
 def main(argv=None) -> None:

@@ -25,7 +25,8 @@ from asap.studies.bound import work_bound
 from asap.studies.headline import rate_at
 from asap.studies.experiments import at_rate
 from asap.studies.config import EngineConfig
-from asap.studies.tune import CRITERIA, TARGET, pass_values
+from asap.studies.tune import TARGET
+from asap.studies.tune_tasks import CRITERIA, pass_values
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 

@@ -20,7 +20,8 @@ from asap.measure.sustain import by_arrival_third, drain
 from asap.sim.run import run
 from asap.studies.experiments import at_rate
 from asap.studies.config import EngineConfig
-from asap.studies.tune import TARGET, pass_values
+from asap.studies.tune import TARGET
+from asap.studies.tune_tasks import pass_values
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 

@@ -23,6 +23,10 @@ try:                        # asap/studies since 7920f19; asap/sim before
     tune = importlib.import_module("asap.studies.tune")
 except ImportError:
     tune = importlib.import_module("asap.sim.tune")
+try:                        # the tune's tasks in their own module since the tune's split
+    from asap.studies.tune_tasks import simulate
+except ImportError:
+    simulate = tune._simulate
 
 LAYOUTS = [
     (dict(engine="sync", attention_tp=4, token_budget=8192), 1.5),
@@ -46,7 +50,7 @@ def main(argv=None) -> int:
     out = {}
     for kw, rate in LAYOUTS:
         c = tune.EngineConfig(**kw)
-        summary = tune._simulate((reqs, rate, c.engine, "deepseek-v3", "cloudmatrix384", 32, c, 0.0, None))
+        summary = simulate((reqs, rate, c.engine, "deepseek-v3", "cloudmatrix384", 32, c, 0.0, None))
         digest = hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()[:16]
         out[json.dumps(kw, sort_keys=True)] = digest
         print(f"[SIMULATED] {digest}  {summary['slo_attainment']:.3f} within SLO at {rate} req/s  {kw}", flush=True)

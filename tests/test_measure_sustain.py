@@ -11,7 +11,7 @@ from asap.measure.sustain import RULE, by_arrival_third, drain, sustained, susta
 from asap.scheduler.request import Request
 from asap.studies.headline import rate_at
 from asap.studies.config import EngineConfig
-from asap.studies.tune import CRITERIA, pass_values
+from asap.studies.tune_tasks import CRITERIA, pass_values
 from asap.workload.slo import SLO
 
 

@@ -97,7 +97,6 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
     must not name TP1 (and its 3 req/s) as the best: it reports no best, TP4's lower bound and why."""
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(101)])   # a burst above 5 req/s
     served = {1: 3.0, 4: 1e9}                                       # each candidate's true maximum, req/s
 
@@ -107,7 +106,7 @@ def test_a_candidate_that_outruns_the_sample_is_not_passed_over_for_a_weaker_one
         return types.SimpleNamespace(results=[RequestResult(0, 0.0, 1000, 0.001 if ok else 9.0, deadline_s=2.0)],
                                      stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
     cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
     t = tune(reqs, "sync", 8, candidates=cands, start_rate=1.0, **SMALL)
     assert t.best is None and t.max_slo_rate is None
@@ -143,8 +142,8 @@ def test_the_screen_finds_the_best_of_a_large_space_and_rate_searches_only_the_f
             RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok and not (drop_short and r.num_tokens < 4096) else 9.0,
                           deadline_s=2.0) for r in requests], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     t = tune(reqs, "sync", 8, candidates=cands, **SMALL)
     searched = [c for c in t.candidates if c["coarse_reason"] != "screened out"]
     assert t.num_screened == len(cands) and len(searched) == tune_mod.FINALISTS
@@ -163,7 +162,6 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
     twice the requests until it can, and the best one reaches the rate searches."""
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(2001)])
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
     first_limit = burst_limit(62, 2.0)
@@ -178,8 +176,8 @@ def test_a_tie_at_the_screens_burst_limit_is_ranked_on_more_requests(monkeypatch
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, p90[c] if ok else 9.0,
                                                             deadline_s=2.0) for r in requests], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     t = tune(reqs, "sync", 8, candidates=cands, **SMALL)
     screened = {tuple(sorted(c["config"].items())): c for c in t.candidates}
     assert max(c["num_requests"] for c in screened.values()) > 62      # the tied ones went on with more requests
@@ -205,12 +203,11 @@ def test_a_maximum_that_only_the_short_sample_sustains_is_confirmed_on_a_longer_
     (here twice the requests): TP1 passes up to 3 req/s on 101 requests but sustains only 2 on 202, so TP4
     (2.6 on both) is the best, reported with the longer sample's size. The default criterion ignores
     `longer` (the same result)."""
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(202)])
     short, longer = reqs[:101], reqs
     served = {1: (3.0, 2.0), 4: (2.6, 2.6)}        # (max on <= 101 requests, max on more), req/s
 
-    monkeypatch.setattr(tune_mod, "run", _served_by_tp(served, 101))
+    monkeypatch.setattr("asap.studies.tune_tasks.run", _served_by_tp(served, 101))
     cands = [EngineConfig("sync", tp, 4096) for tp in (1, 4)]
     plain = tune(short, "sync", 8, candidates=cands, start_rate=1.0, criterion="requests-sustained", **SMALL)
     assert plain.best == cands[0] and 2.85 <= plain.max_slo_rate <= 3.0 and plain.search_rate is None
@@ -238,7 +235,6 @@ def test_vet_promotes_a_candidate_the_short_screen_ranks_below_the_finalists(mon
     finalists and wins. The rule is the engine-neutral one: the same call for either engine."""
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
     short, longer = reqs[:2001], reqs
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
@@ -256,8 +252,8 @@ def test_vet_promotes_a_candidate_the_short_screen_ranks_below_the_finalists(mon
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
                                                             deadline_s=2.0) for r in requests], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     kw = dict(candidates=cands, criterion="requests-sustained", longer=longer, screen=True, **SMALL)
     plain = tune(short, "sync", 8, **kw)
     assert plain.best in growers and plain.max_slo_rate <= 1.2
@@ -298,8 +294,8 @@ def test_vet_vets_the_secondary_variants_of_its_own_best(monkeypatch):
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
                                                             deadline_s=2.0) for r in requests], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     monkeypatch.setattr(tune_mod, "space", lambda *a, **k: list(cands))
     monkeypatch.setattr(tune_mod, "secondary", lambda c, *orders: [dataclasses.replace(c, two_batch_overlap=False)])
     kw = dict(criterion="requests-sustained", longer=longer, screen=True, **SMALL)
@@ -353,8 +349,8 @@ def test_vet_tries_the_variants_of_a_new_leader_until_the_leader_is_unchanged(mo
         return [dataclasses.replace(c, two_batch_overlap=not c.two_batch_overlap),
                 dataclasses.replace(c, router="round-robin" if c.router == "queue-aware" else "queue-aware")]
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     monkeypatch.setattr(tune_mod, "space", lambda *a, **k: list(cands))
     monkeypatch.setattr(tune_mod, "secondary", secondary)
     kw = dict(vet=True, criterion="requests-sustained", longer=longer, screen=True, **SMALL)
@@ -377,7 +373,6 @@ def test_vet_breaks_a_tie_at_the_top_of_its_grid_by_raising_the_rate(monkeypatch
     import math
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
     served = {c: (1.0 + 0.02 * i,) * 2 for i, c in enumerate(cands)}    # (on <= 62 requests, on more)
@@ -395,8 +390,8 @@ def test_vet_breaks_a_tie_at_the_top_of_its_grid_by_raising_the_rate(monkeypatch
         return types.SimpleNamespace(results=[RequestResult(r.id, r.arrival, r.num_tokens, 0.001 if o else 2.1,
                                                             deadline_s=2.0) for o, r in zip(ok, requests)], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     kw = dict(candidates=cands, criterion="requests-sustained", screen=True, **SMALL)
     t = tune(reqs[:2001], "sync", 8, vet=True, longer=reqs, **kw)
     rows = {(c["config"]["token_budget"], c["config"]["instances"]): c for c in t.candidates}
@@ -416,7 +411,6 @@ def test_vet_ranks_and_searches_each_finalist_on_all_of_the_confirmation_sample(
     2.0 on more. A wins at its maximum on the longest sample, found there."""
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
     cands = [EngineConfig("sync", 1, b, instances=k) for b in (4096, 8192, 16384) for k in (1, 2, 4, 8)]
     served = {c: (1.0 + 0.05 * i,) * 3 for i, c in enumerate(cands)}    # on <= 62, <= 124 and more requests
@@ -430,8 +424,8 @@ def test_vet_ranks_and_searches_each_finalist_on_all_of_the_confirmation_sample(
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
                                                             deadline_s=2.0) for r in requests], stats={})
 
-    monkeypatch.setattr(tune_mod, "run", fake_run)
-    monkeypatch.setattr(tune_mod, "_closed_batch_rate", lambda *a: 1.0)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.closed_batch_rate", lambda *a: 1.0)
     kw = dict(candidates=cands, criterion="requests-sustained", screen=True, **SMALL)
     t = tune(reqs[:2001], "sync", 8, vet=True, longer=reqs, **kw)
     rows = {c["config"]["token_budget"] * 10 + c["config"]["instances"]: c for c in t.candidates}
@@ -452,12 +446,11 @@ def test_both_engines_are_confirmed_on_the_same_requests_whatever_their_searches
     trace whose later part is heavier (0.93x; 1.43x on the same 2,992). Confirmation is on all of `longer`,
     so two tunes given the same `longer` report maxima on the same requests. In miniature: a slow candidate
     (searched on few requests) and a fast one (on more), each sustaining less on the trace's later part."""
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(4002)])
     short, longer = reqs[:2001], reqs
     served = {1: (0.5, 0.4), 4: (4.0, 3.2)}        # (max on <= 2,001 requests, max on more), req/s
 
-    monkeypatch.setattr(tune_mod, "run", _served_by_tp(served, 2001))
+    monkeypatch.setattr("asap.studies.tune_tasks.run", _served_by_tp(served, 2001))
     kw = dict(criterion="requests-sustained", longer=longer, **SMALL)
     slow = tune(short, "sync", 8, candidates=[EngineConfig("sync", 1, 4096)], start_rate=0.5, **kw)
     fast = tune(short, "sync", 8, candidates=[EngineConfig("sync", 4, 4096)], start_rate=4.0, **kw)
@@ -475,7 +468,6 @@ def test_the_every_bucket_best_is_a_main_criterion_candidate(monkeypatch):
     within SLO up to 2.3."""
     import types
 
-    import asap.studies.tune as tune_mod
     reqs = SLO(2.0).apply([Request(i, 1000, float(i)) for i in range(1001)])
     x, y = EngineConfig("sync", 1, 4096), EngineConfig("sync", 2, 8192)
     served = {x: 2.0, y: 2.3}
@@ -486,7 +478,7 @@ def test_the_every_bucket_best_is_a_main_criterion_candidate(monkeypatch):
         ok = rate <= served[c] * (1 + 1e-9)
         return types.SimpleNamespace(results=[RequestResult(r.id, 0.0, r.num_tokens, 0.001 if ok else 9.0,
                                                             deadline_s=2.0) for r in requests], stats={})
-    monkeypatch.setattr(tune_mod, "run", fake_run)
+    monkeypatch.setattr("asap.studies.tune_tasks.run", fake_run)
 
     def tuned(c, rate, criterion):
         return Tuned("sync", 8, c, rate, 0.1, 100.0, candidates=[{"config": dataclasses.asdict(c)}],

@@ -37,7 +37,8 @@ from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
 from asap.studies.config import EngineConfig
 from asap.studies.headline_output import LABEL, format_row, write_headline, write_traces
 from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, check_search, space
-from asap.studies.tune import CONFIRM, CRITERIA, REFINE, best_of_criteria, pass_values, tune
+from asap.studies.tune import CONFIRM, REFINE, best_of_criteria, tune
+from asap.studies.tune_tasks import CRITERIA, pass_values
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
@@ -90,7 +91,7 @@ def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardwa
 def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1,
             target: float = 0.9, criterion: str = "requests", cache: dict | None = None) -> dict:
     """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps).
-    criterion: asap.studies.tune.CRITERIA's; cache: {rate: summary}, shared by searches of this configuration
+    criterion: asap.studies.tune_tasks.CRITERIA's; cache: {rate: summary}, shared by searches of this configuration
     on these requests (e.g. both criteria), so no rate is simulated twice."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")

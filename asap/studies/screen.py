@@ -137,6 +137,22 @@ def vet(screened: dict, measure_for, m: int, target: float, key: str, prefetch=N
     return {c: screened[c] for c in order} | {c: s for c, s in screened.items() if c not in bounds}
 
 
+def vet_variants(screened: dict, measure_for, m: int, target: float, key: str, prefetch, variants, rounds: int,
+                 burst: float | None = None) -> dict:
+    """After `vet`: the secondary variants of the vetted best (variants(screened) -> candidates, those of its
+    SCREEN_KEEP best) vetted beside them, then, while that makes a new candidate the leader, the leader's own
+    (variants({leader: None}, keep=1)), up to `rounds` times: one knob at a time misses a leader's combination of
+    two (srpt with a lane on the conversation row at 32 dies). Returns the re-ranked screen."""
+    screened = vet(screened, measure_for, m, target, key, prefetch, more=variants(screened), burst=burst)
+    for _ in range(rounds):
+        more = [v for v in variants({next(iter(screened)): None}, keep=1)
+                if screened.get(v, {}).get("vet_requests") != m]
+        if not more:
+            break
+        screened = vet(screened, measure_for, m, target, key, prefetch, more=more, burst=burst)
+    return screened
+
+
 def screen_cols(sc: dict | None) -> dict:
     if sc is None:
         return {"screen_rate": None, "screen_attainment": None, "screen_passed_rate": None}

@@ -20,9 +20,9 @@ third of the run by arrival (asap.measure.sustain), so a rate at which a queue g
 group's, or everyone's) does not pass. A queue that grows slower than the sample still passes each third of
 it, so under those criteria, given `longer` (the same workload continued), each refined maximum is confirmed
 on all of `longer`: simulated there at the rate found, and where it fails there, searched down on it
-(`_confirm`); the engine's best is the best confirmed maximum, reported with the longer sample's size. The
-caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines of a comparison are
-confirmed on the same requests whatever samples their searches used (confirming each on CONFIRM x its own
+(asap.studies.tune_tasks.confirm); the engine's best is the best confirmed maximum, reported with the longer
+sample's size. The caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines
+of a comparison are confirmed on the same requests whatever samples their searches used (confirming each on CONFIRM x its own
 search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
 With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
 first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP best
@@ -47,37 +47,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from asap.measure.buckets import by_length, min_bucket_attainment
-from asap.measure.metrics import summarize
 from asap.measure.rate_search import burst_limit, find_max_rate
-from asap.measure.sustain import sustained_value
 from asap.pipeline.plan import token_weighted_length
 from asap.scheduler.request import Request
 from asap.studies import screen as screening
 from asap.studies.config import EngineConfig
-from asap.studies.experiments import at_rate
 from asap.studies.parallel import Executor, Progress, Serial
 from asap.studies.screen import FINALISTS, SCREEN_KEEP
 from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, buildable, secondary, space
-from asap.sim.run import run
+from asap.studies import tune_tasks as tasks
+from asap.studies.tune_tasks import CRITERIA
 
 COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.02, 2
 LEADER_ROUNDS = 3           # with vet: rounds that vet the secondary variants of a new leader (see tune)
 TARGET = 0.9                # the attainment the criteria require by default
 CONFIRM = 2                 # callers size `longer` (the confirmation and vet sample) as CONFIRM x the search's
-CRITERIA = {"requests": "slo_attainment", "every-bucket": "min_bucket_attainment",
-            "requests-sustained": "sustained_attainment", "every-bucket-sustained": "sustained_min_bucket_attainment"}
-
-
-def pass_values(results, slo_attainment: float | None) -> dict:
-    """The values the criteria compare with the target, but slo_attainment (summarize's, passed in): the worst
-    length bucket's attainment, and both again as the run sustains them (asap.measure.sustain.sustained_value:
-    no higher than the worst arrival third's attainment, zero where the run did not drain in time)."""
-    worst = min_bucket_attainment(results)
-    return {"min_bucket_attainment": worst, "sustained_attainment": sustained_value(results, slo_attainment),
-            "sustained_min_bucket_attainment": sustained_value(results, worst)}
-
-
 @dataclass
 class Tuned:
     engine: str
@@ -122,9 +106,9 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     orders: the queue orders the space's candidates try as a secondary knob (asap.studies.space.secondary);
     lanes: the short-prompt lanes they try likewise ((replicas, below_tokens) pairs, those a layout holds).
     longer: the same workload continued (more requests, the first len(requests) of them `requests`); under a
-    "-sustained" criterion each refined maximum is confirmed on all of it (`_confirm`), and the best confirmed
-    one wins: give both engines the same `longer` and both are confirmed on the same requests. Ignored under
-    the other criteria.
+    "-sustained" criterion each refined maximum is confirmed on all of it (asap.studies.tune_tasks.confirm), and
+    the best confirmed one wins: give both engines the same `longer` and both are confirmed on the same
+    requests. Ignored under the other criteria.
     vet: with `longer` under a "-sustained" criterion, the screen's leaders are re-ranked on the confirmation
     sample before the finalists are chosen (asap.studies.screen.vet; with the space's candidates, the
     secondary variants of the SCREEN_KEEP best vetted are then vetted too, and those of each new leader, up to
@@ -162,7 +146,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             k = (engine, devices, c, n, round(rate, 9), zipf)
             if k not in cache:
                 sims += 1
-                cache[k] = _simulate(task(c, n, rate))
+                cache[k] = tasks.simulate(task(c, n, rate))
             return cache[k]
         return measure
 
@@ -174,7 +158,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             k = (engine, devices, c, n, round(rate, 9), zipf)
             if k not in cache and k not in todo:
                 todo[k] = task(c, n, rate)
-        for k, summary in zip(todo, ex.map(_simulate, todo.values())):
+        for k, summary in zip(todo, ex.map(tasks.simulate, todo.values())):
             cache[k] = summary
             sims += 1
 
@@ -184,7 +168,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         answer and the simulations it added (the same a serial run makes)."""
         nonlocal sims
         out = []
-        for (c, n, kw), (found, added) in zip(jobs, ex.map(_search, [
+        for (c, n, kw), (found, added) in zip(jobs, ex.map(tasks.search, [
                 (task(c, n, kw["lo"]), {k: v for k, v in cache.items() if k[:4] == (engine, devices, c, n)}, kw)
                 for c, n, kw in jobs])):
             out.append(found)
@@ -208,7 +192,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
     vetted = 0          # with vet: the vet's sample size (all of `longer`), on which every finalist is searched
     if screen if screen is not None else len(cands) > FINALISTS:
         if start is None:
-            start = _closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
+            start = tasks.closed_batch_rate(requests, engine, devices, model, hardware, cands[0], zipf)
             sims += 1
         screened = screening.screen(cands, measure_for, burst_of, len(requests), start, target, key, prefetch)
         if candidates is None:      # the secondary knobs of the best primary candidates (asap.studies.space.space)
@@ -218,16 +202,9 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         if vet and confirm:     # the screen's leaders re-ranked on the confirmation sample, finalists searched there
             m = len(longer)     # both engines' finalists chosen on the requests their maxima are confirmed on
             screened = screening.vet(screened, measure_for, m, target, key, prefetch, burst=burst_of(m))
-            if candidates is None:  # and the secondary knobs of the vetted best, vetted alike
-                screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=variants(screened),
-                                burst=burst_of(m))
-                for _ in range(LEADER_ROUNDS):  # then those of each new leader, until the leader is unchanged
-                    more = [v for v in variants({next(iter(screened)): None}, keep=1)
-                            if screened.get(v, {}).get("vet_requests") != m]
-                    if not more:
-                        break
-                    screened = screening.vet(screened, measure_for, m, target, key, prefetch, more=more,
-                                             burst=burst_of(m))
+            if candidates is None:  # and the secondary knobs of the vetted best, then of each new leader
+                screened = screening.vet_variants(screened, measure_for, m, target, key, prefetch, variants,
+                                                  LEADER_ROUNDS, burst=burst_of(m))
             vetted = m
         cands = list(screened)[:FINALISTS]
         passed = [s["passed_rate"] for s in screened.values() if s["passed_rate"]]
@@ -245,7 +222,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
             rows.append({"config": c, "coarse": found, "fine": found, "n": vetted, "vetted": True})
     for c in cands if not vetted else ():
         if start is None:
-            cap = _closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
+            cap = tasks.closed_batch_rate(requests, engine, devices, model, hardware, c, zipf) * 2
             sims += 1
         else:
             cap = 2 * start
@@ -311,8 +288,9 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         # one searched on all of `longer` (the vet's sample is) has nothing longer to be confirmed on
         jobs = [None if m == r["n"] else
                 ((longer, r["fine"]["max_slo_rate"], engine, model, hardware, devices, r["config"], zipf, progress),
-                 dict(target=target, tol=FINE_TOL, max_iters=10, key=key, burst_above=burst_of(m))) for r in valid]
-        confirmed = iter(ex.map(_confirm, [j for j in jobs if j is not None]))
+                 dict(lo=r["fine"]["max_slo_rate"] / (1 + COARSE_TOL), hi=r["fine"]["max_slo_rate"], target=target,
+                      tol=FINE_TOL, max_iters=10, key=key, burst_above=burst_of(m))) for r in valid]
+        confirmed = iter(ex.map(tasks.confirm, [j for j in jobs if j is not None]))
         for r, job in zip(valid, jobs):
             found, added = next(confirmed) if job is not None else (dict(r["fine"], held=True), {})
             r["confirmed"], r["m"] = found, m
@@ -332,7 +310,7 @@ def tune(requests: list[Request], engine: str, devices: int, model="deepseek-v3"
         best = max(held, key=lambda r: r["confirmed"]["max_slo_rate"])
         search_rate = best["fine"]["max_slo_rate"]
         rate, n = best["confirmed"]["max_slo_rate"], best["m"]
-        at_best = cache[(engine, devices, best["config"], n, round(rate, 9), zipf)]    # _confirm simulated it
+        at_best = cache[(engine, devices, best["config"], n, round(rate, 9), zipf)]    # tasks.confirm simulated it
     else:
         rate, n = best["fine"]["max_slo_rate"], best["n"]
         at_best = measure_for(best["config"], n)(rate)
@@ -373,7 +351,7 @@ def best_of_criteria(main: Tuned, per_bucket: Tuned, requests: list[Request], lo
         k = (engine, devices, c, n, round(rate, 9), 0.0)
         if k not in cache:
             added += 1
-            cache[k] = _simulate((pool, rate, engine, model, hardware, devices, c, 0.0, progress))
+            cache[k] = tasks.simulate((pool, rate, engine, model, hardware, devices, c, 0.0, progress))
         return cache[k]
     found = find_max_rate(measure, target=target, lo=per_bucket.max_slo_rate,
                           hi=per_bucket.max_slo_rate * (1 + COARSE_TOL), tol=FINE_TOL, max_iters=10, key=key,
@@ -394,65 +372,6 @@ def best_of_criteria(main: Tuned, per_bucket: Tuned, requests: list[Request], lo
                                num_requests=n, prefix_hit_rate=at_best.get("prefix_token_hit_rate"),
                                buckets=at_best["buckets"], search_rate=None, reason=None, lower_bound=None,
                                lower_bound_config=None)
-
-
-def _simulate(task: tuple) -> dict:
-    """One simulation of a search, the summary it is ranked by (a module-level function: an executor's task)."""
-    reqs, rate, engine, model, hardware, devices, c, zipf, progress = task
-    res = run(at_rate(reqs, rate), c.spec(model, hardware, devices, zipf=zipf))
-    out = summarize(res.results)
-    out["buckets"] = by_length(res.results)
-    out |= pass_values(res.results, out["slo_attainment"])
-    if "prefix_cache" in res.stats:
-        out["prefix_token_hit_rate"] = res.stats["prefix_cache"]["token_hit_rate"]
-    if progress is not None:
-        within, worst = out["slo_attainment"], out["min_bucket_attainment"]
-        progress(f"{c.describe(devices)}: {rate:.4g} req/s, {len(reqs)} requests -> "
-                 + ("-" if within is None else f"{within:.1%} within SLO")
-                 + ("" if worst is None else f", worst length bucket {worst:.1%}"))
-    return out
-
-
-def _search(job: tuple) -> tuple[dict, dict]:
-    """One rate search (find_max_rate) of one candidate, from the simulations `cached` for it: its answer and
-    the simulations it added, keyed as tune caches them."""
-    task, cached, kw = job
-    reqs, _, engine, model, hardware, devices, c, zipf, progress = task
-    added: dict = {}
-
-    def measure(rate: float) -> dict:
-        k = (engine, devices, c, len(reqs), round(rate, 9), zipf)
-        if k not in cached and k not in added:
-            added[k] = _simulate((reqs, rate, *task[2:]))
-        return cached[k] if k in cached else added[k]
-    return find_max_rate(measure, **kw), added
-
-
-def _confirm(job: tuple) -> tuple[dict, dict]:
-    """A refined maximum on the confirmation sample (all of tune's `longer`; an executor's task): `task`
-    simulates the longer
-    sample; where it passes at the rate found, that rate stands ("held"), else the maximum is searched for
-    below it on the longer sample (find_max_rate, `kw`). Returns the answer and the simulations added."""
-    task, kw = job
-    reqs, rate, engine, model, hardware, devices, c, zipf, progress = task
-    added: dict = {}
-
-    def measure(r: float) -> dict:
-        k = (engine, devices, c, len(reqs), round(r, 9), zipf)
-        if k not in added:
-            added[k] = _simulate((reqs, r, *task[2:]))
-        return added[k]
-    first = measure(rate)
-    if first[kw["key"]] >= kw["target"]:
-        return {"max_slo_rate": rate, "points": [(rate, first)], "valid": True, "reason": None, "held": True}, added
-    return dict(find_max_rate(measure, lo=rate / (1 + COARSE_TOL), hi=rate, **kw), held=False), added
-
-
-def _closed_batch_rate(requests, engine, devices, model, hardware, c: EngineConfig, zipf: float) -> float:
-    """Half the rate a closed batch of the first requests (all arriving at 0) drains at: a search start."""
-    sample = [dataclasses.replace(r, arrival=0.0, deadline=None) for r in requests[:max(2 * devices, 64)]]
-    res = run(sample, c.spec(model, hardware, devices, zipf=zipf))
-    return 0.5 * len(sample) / max(r.ttft for r in res.results)
 
 
 def _rate(x) -> str:
