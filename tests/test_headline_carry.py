@@ -6,7 +6,8 @@ import pytest
 
 from asap.studies import headline
 from asap.studies.config import EngineConfig
-from asap.studies.headline import DEFAULT_SLO, replicate, run_headline, search_rule
+from asap.studies.carry import replicate
+from asap.studies.headline import DEFAULT_SLO, run_headline, search_rule
 from asap.workload.slo import parse_slo
 
 

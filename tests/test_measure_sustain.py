@@ -9,7 +9,7 @@ from asap.measure.buckets import min_bucket_attainment
 from asap.measure.metrics import RequestResult
 from asap.measure.sustain import RULE, by_arrival_third, drain, sustained, sustained_value
 from asap.scheduler.request import Request
-from asap.studies.headline import rate_at
+from asap.studies.skeptic import rate_at
 from asap.studies.config import EngineConfig
 from asap.studies.tune_tasks import CRITERIA, pass_values
 from asap.workload.slo import SLO

@@ -114,10 +114,10 @@ def test_trace_window_holds_only_spans_inside_it():
 def test_a_larger_row_starts_from_the_tunes_best_not_an_unconfirmed_runner_up():
     """The 128-die fixed-4K row of 2026-12-04: the confirmed winner (113.96 req/s) and a runner-up with only a
     coarse rate (114.82). A larger row must start from the winner; failed confirmations go last."""
-    from asap.studies.headline import _ranked
+    from asap.studies.carry import ranked
     won = {"config": "A=64", "coarse_rate": 114.8, "fine_rate": 118.9, "sustained_rate": 113.96}
     coarse = {"config": "2x A=32", "coarse_rate": 114.82, "fine_rate": None}
     failed = {"config": "A=60", "coarse_rate": 120.0, "fine_rate": 125.0, "sustained_rate": None}
     fine = {"config": "A=48", "coarse_rate": 100.0, "fine_rate": 110.0}
     none = {"config": "A=8", "coarse_rate": None, "fine_rate": None}
-    assert [c["config"] for c in _ranked([coarse, failed, none, fine, won])] == ["A=64", "A=48", "2x A=32", "A=60"]
+    assert [c["config"] for c in ranked([coarse, failed, none, fine, won])] == ["A=64", "A=48", "2x A=32", "A=60"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 PACKAGES = ("cost", "pipeline", "sim", "scheduler", "measure", "workload")
 STUDIES = ("studies/tune.py", "studies/tune_tasks.py", "studies/config.py", "studies/space.py", "studies/screen.py",
-           "studies/experiments.py", "studies/headline.py")
+           "studies/experiments.py", "studies/headline.py", "studies/carry.py", "studies/skeptic.py")
 EQUIVALENT = Path(__file__).resolve().with_name("equivalent.json")
 
 

@@ -22,97 +22,30 @@ import json
 import time
 from pathlib import Path
 
-from asap.measure.buckets import by_length, min_bucket_attainment
-from asap.measure.metrics import summarize
-from asap.measure.rate_search import burst_limit, find_max_rate
 from asap.measure.sustain import RULE as SUSTAIN_RULE
 from asap.cost.hardware import get_hardware
+from asap.studies.carry import carry, replicate, scale_config
 from asap.studies.code_version import fingerprint
-from asap.studies.experiments import at_rate
-from asap.sim.memory import check_memory, min_expert_workers
 from asap.studies.parallel import Progress, Serial
 from asap.sim.cost import CostModel
-from asap.sim.run import get_model, run
+from asap.sim.run import get_model
 from asap.studies.sample_size import MAX_REQUESTS, requests_needed, sample_size
 from asap.studies.config import EngineConfig
 from asap.studies.headline_output import LABEL, format_row, write_headline, write_traces
 from asap.studies.space import FLEET_FRACTIONS, QUEUE_ORDERS, check_search, space
+from asap.studies.skeptic import ratio_by_slo_scale, skeptic_views
 from asap.studies.tune import CONFIRM, REFINE, best_of_criteria, tune
-from asap.studies.tune_tasks import CRITERIA, pass_values
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 
 WORKLOADS = ("conversation", "synthetic", "fixed-4k")
 DEFAULT_SLO = "2s+1ms/tok"
 NUM_REQUESTS = 1500            # the least requests a row samples (each search uses as few as the burst rule allows)
-TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target (the row is tuned at 0.9)
 # the rule a --sustained headline records (a resume across rules is refused); runs of 2026-12-03 recorded
 # SUSTAIN_RULE alone, before tune confirmed each maximum on a longer sample, and runs to 2026-12-05
 # "...; each maximum confirmed on 2x its requests", each engine on twice its own search sample
 SUSTAINED = f"{SUSTAIN_RULE}; each maximum confirmed on the row's {CONFIRM}x requests, the same for both engines"
 VETTED = "; the screen's leaders re-ranked on that sample, every finalist confirmed"     # --vet (tune's vet)
-
-
-def replicate(c: EngineConfig, devices: int, from_devices: int) -> EngineConfig | None:
-    """The configuration found at `from_devices` as devices / from_devices independent copies of it."""
-    if devices % from_devices:
-        return None
-    return dataclasses.replace(c, instances=c.instances * devices // from_devices)
-
-
-def scale_config(c: EngineConfig, devices: int, from_devices: int, model, hardware) -> EngineConfig | None:
-    """A configuration found at `from_devices`, on `devices` devices (None where it does not fit). A fleet's wide
-    group and a short-prompt lane keep their shares of the devices."""
-    if c.instances > 1 and c.engine == "async":
-        return replicate(c, devices, from_devices)
-
-    def share(n: int, per: int) -> int:         # n of `per` devices' replicas, on `devices` (0 stays 0)
-        return n and max(1, round(n * devices / per))
-    per = from_devices // c.instances
-    if c.engine == "sync" or c.colocated:   # one instance over all the devices, the same DP group / replica
-        try:                                # shape (replicate keeps the instance size)
-            check_memory("sync", get_model(model), get_hardware(hardware), devices, devices, c.attention_tp)
-        except ValueError:
-            return None
-        if devices % c.attention_tp:
-            return None
-        if c.wide_replicas:
-            return dataclasses.replace(c, instances=1, wide_replicas=share(c.wide_replicas, per),
-                                       short_replicas=share(c.short_replicas, per))
-        return dataclasses.replace(c, instances=1, attention_workers=devices // c.attention_tp if c.colocated
-                                   else c.attention_workers, short_replicas=share(c.short_replicas, per))
-    e_min = min_expert_workers(get_model(model), get_hardware(hardware))
-    a = max(1, round(c.attention_workers * devices / from_devices))
-    a = min(a, (devices - e_min) // c.attention_tp)
-    return dataclasses.replace(c, attention_workers=a, short_replicas=min(share(c.short_replicas, per), a - 1)) \
-        if a >= 1 else None
-
-
-def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float, tol: float = 0.1,
-            target: float = 0.9, criterion: str = "requests", cache: dict | None = None) -> dict:
-    """A valid-or-not rate search for one fixed configuration (the SLO-scale and target sweeps).
-    criterion: asap.studies.tune_tasks.CRITERIA's; cache: {rate: summary}, shared by searches of this configuration
-    on these requests (e.g. both criteria), so no rate is simulated twice."""
-    if criterion not in CRITERIA:
-        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
-    mean_budget = sum(r.deadline - r.arrival for r in requests) / len(requests)
-    cache = {} if cache is None else cache
-
-    def measure(rate):
-        if rate not in cache:
-            res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
-            out = summarize(res.results)
-            cache[rate] = out | pass_values(res.results, out["slo_attainment"])
-        return cache[rate]
-    return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10, key=CRITERIA[criterion],
-                         burst_above=burst_limit(len(requests), mean_budget))
-
-
-def buckets_at(requests, c: EngineConfig, devices: int, model, hardware, rate: float) -> dict:
-    """Attainment per prompt-length bucket of one configuration at one rate (asap.measure.buckets)."""
-    res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
-    return {"overall": summarize(res.results)["slo_attainment"], "min_bucket": min_bucket_attainment(res.results),
-            "buckets": by_length(res.results)}
 
 
 def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str = DEFAULT_SLO,
@@ -173,7 +106,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             rows += done
             prev_devices = done[-1]["devices"]
             for engine in ("sync", "async"):     # as an unresumed run carries them on (a first row: REFINE)
-                prev[engine] = _carry(done[-1][engine], first=len(done) == 1)
+                prev[engine] = carry(done[-1][engine], first=len(done) == 1)
         todo = [d for d in device_counts if prev_devices is None or d > prev_devices]   # resumed rows are kept
         if resume is not None and not todo:
             raise ValueError(f"resume: workload {wl!r} already has rows up to {prev_devices} devices; "
@@ -239,16 +172,16 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                         "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
                         "num_requests": eb.num_requests, "num_sims": eb.num_sims, "reason": eb.reason,
                         "lower_bound": eb.lower_bound, "buckets": eb.buckets}
-                prev[engine] = _carry(row[engine], first=prev_devices is None) or \
+                prev[engine] = carry(row[engine], first=prev_devices is None) or \
                     (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions,
                                                            orders=orders, lanes=lanes))
             prev_devices = devices
             s, a = row["sync"]["max_slo_rate"], row["async"]["max_slo_rate"]
             row["ratio"] = a / s if s and a else None
-            _skeptic(row, pool, devices, model, hardware, every_bucket, executor, main)
+            skeptic_views(row, pool, devices, model, hardware, every_bucket, executor, main)
             # the SLO-scale sweep at the first device count (its cost grows with N)
             first = devices == device_counts[0] and resume is None
-            row["ratio_by_slo_scale"] = _scales(row, pool, base, base_slo, slo_scales if first else (1.0,),
+            row["ratio_by_slo_scale"] = ratio_by_slo_scale(row, pool, base, base_slo, slo_scales if first else (1.0,),
                                                 devices, model, hardware, executor, main)
             row["wall_s"] = time.perf_counter() - t_row
             rows.append(row)
@@ -272,29 +205,6 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                      rows[0].get("requests_available", num_requests or NUM_REQUESTS), model, hardware, out_dir,
                      trace_s)
     return out
-
-
-def _ranked(candidates: list[dict]) -> list[dict]:
-    """A tune's table rows that found a rate, best first: candidates whose maximum tune confirmed (--sustained)
-    by that maximum, then those only fine-searched by the fine rate, then those only coarse-searched by the
-    coarse rate, then failed confirmations. Tiers, not one scale: a coarse or unconfirmed rate is looser than
-    a confirmed one, and ranking them together let an unconfirmed runner-up displace the tune's best as the
-    configuration a larger row starts from."""
-    def key(c):
-        if "sustained_rate" in c:
-            return (0, -c["sustained_rate"]) if c["sustained_rate"] else (3, -(c["fine_rate"] or c["coarse_rate"]))
-        return (1, -c["fine_rate"]) if c["fine_rate"] else (2, -c["coarse_rate"])
-    return sorted((c for c in candidates if c["fine_rate"] or c["coarse_rate"]), key=key)
-
-
-def _carry(engine_row: dict, first: bool) -> list[EngineConfig]:
-    """The configurations one engine's row hands the next device count (scaled and replicated there): its best
-    REFINE by the headline's criterion from a row's first device count, its best one from later ones
-    (_ranked), and its best by the every-length-bucket criterion, which the next row's every-bucket tune would
-    otherwise never see (the 32-die conversation row's sync DP4 x TP4 + DP1 x TP16 at 4K, never tried at 64)."""
-    picked = [c["config"] for c in _ranked(engine_row["candidates"])[:REFINE if first else 1]]
-    eb = (engine_row.get("every_bucket") or {}).get("config")
-    return list(dict.fromkeys(EngineConfig(**c) for c in picked + ([eb] if eb else [])))
 
 
 def _tune_engine(job: tuple) -> tuple:
@@ -348,71 +258,3 @@ def search_rule(sustained: bool, vet: bool) -> str | bool:
     """The search rule a headline records (its "sustained" field): False for the default rule (the demo's
     stored case compares it, asap.demo.tuning.headline_rule)."""
     return SUSTAINED + (VETTED if vet else "") if sustained else False
-
-
-def _rate_at_task(job: tuple) -> dict:
-    """rate_at as an executor's task: (positional arguments, keyword arguments)."""
-    args, kw = job
-    return rate_at(*args, **kw)
-
-
-def _skeptic(row, reqs, devices, model, hardware, every_bucket: bool, executor=None,
-             criterion: str = "requests") -> None:
-    """What a skeptic asks of a row: both engines' attainment per prompt-length bucket at the compared rate
-    (the lower of the two maxima, where both claim >= 90% of requests), the ratio at other attainment
-    targets (the two best configurations re-searched), and the ratio under the every-bucket criterion."""
-    s, a = row["sync"], row["async"]
-    cfg = {e: EngineConfig(**row[e]["config"]) for e in ("sync", "async") if row[e]["config"]}
-    if len(cfg) == 2:
-        rate = min(s["max_slo_rate"], a["max_slo_rate"])
-        n = min(len(reqs), max(s["num_requests"] or 0, a["num_requests"] or 0))
-        row["compared"] = {"rate": rate, "num_requests": n,
-                           **{e: buckets_at(reqs[:n], cfg[e], devices, model, hardware, rate) for e in cfg}}
-    rates, searches = {}, {}      # the re-searches are independent: run side by side where an executor allows
-    for target in TARGETS:
-        if target == 0.9:
-            rates[str(target)] = {"sync": s["max_slo_rate"], "async": a["max_slo_rate"]}
-            continue
-        rates[str(target)] = {}
-        for e in ("sync", "async"):
-            rates[str(target)][e] = None
-            if e not in cfg or not row[e]["max_slo_rate"]:
-                continue
-            n = row[e]["num_requests"] or len(reqs)
-            searches[(str(target), e)] = ((reqs[:n], cfg[e], devices, model, hardware, row[e]["max_slo_rate"]),
-                                          dict(target=target, criterion=criterion))
-    for (target, e), found in zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())):
-        rates[target][e] = found["max_slo_rate"] if found["valid"] else None
-    row["ratio_by_target"] = {k: {"ratio": v["async"] / v["sync"] if v["sync"] and v["async"] else None, **v}
-                              for k, v in rates.items()}
-    if every_bucket:
-        se, ae = s["every_bucket"]["max_slo_rate"], a["every_bucket"]["max_slo_rate"]
-        row["ratio_every_bucket"] = ae / se if se and ae else None
-
-
-def _scales(row, reqs, base, base_slo, slo_scales, devices, model, hardware, executor=None,
-            criterion: str = "requests") -> dict:
-    searches = {}       # independent: run side by side where an executor allows
-    for k in slo_scales:
-        if k == 1.0:
-            continue
-        for engine in ("sync", "async"):
-            cfg = row[engine]["config"]
-            # a looser SLO needs longer arrivals to stay a steady state (the burst rule): k x the requests
-            n = min(len(base), int((row[engine]["num_requests"] or len(base)) * max(1.0, 1.5 * k)))
-            if cfg is None:
-                continue
-            scaled = base_slo.scaled(k).apply(base[:n])
-            lo = (row[engine]["max_slo_rate"] or 0.1) * k
-            searches[(k, engine)] = ((scaled, EngineConfig(**cfg), devices, model, hardware, lo),
-                                     dict(criterion=criterion))
-    found = dict(zip(searches, (executor or Serial()).map(_rate_at_task, searches.values())))
-    out = {}
-    for k in slo_scales:
-        if k == 1.0:
-            out[str(k)] = row["ratio"]
-            continue
-        rates = {e: found[(k, e)]["max_slo_rate"] if (k, e) in found and found[(k, e)]["valid"] else None
-                 for e in ("sync", "async")}
-        out[str(k)] = rates["async"] / rates["sync"] if rates["sync"] and rates["async"] else None
-    return out
