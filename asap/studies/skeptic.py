@@ -85,6 +85,8 @@ def skeptic_views(row, reqs, devices, model, hardware, every_bucket: bool, execu
 
 def ratio_by_slo_scale(row, reqs, base, base_slo, slo_scales, devices, model, hardware, executor=None,
             criterion: str = "requests") -> dict:
+    """The row's ratio at each SLO scale k (its deadlines k x the base SLO's): both engines' best configurations
+    re-searched on k x their requests (at least; a looser SLO needs longer arrivals to stay a steady state)."""
     searches = {}       # independent: run side by side where an executor allows
     for k in slo_scales:
         if k == 1.0:
