@@ -1,6 +1,8 @@
 """`asap sim bound` (asap.studies.bound): the work ceiling is a true ceiling. A burst of requests all
 arriving at once finishes no sooner, on either engine, than the least compute it needs spread over every
 device: makespan x devices >= the sum of min_device_seconds."""
+import json
+
 import pytest
 
 from asap.cost.model import CostModel
@@ -74,3 +76,37 @@ def test_the_command_line(capsys):
     assert "devices must be >= 1" in capsys.readouterr().err
     assert main(["sim", "bound", "--workload", "fixed-4k", "--rate", "sync"]) == 2
     assert "NAME=REQ_PER_S" in capsys.readouterr().err
+
+
+def test_a_headline_against_its_ceilings(tmp_path, capsys):
+    """`asap sim bound --headline`: each row against the ceiling of the requests its maxima were confirmed on,
+    and the most any engine could lead sync by; a file that is not a headline gets one line, not a traceback."""
+    from asap.cli import main
+    from asap.studies.bound import headline_bounds
+    from asap.workload.presets import workload_requests
+    cost = CostModel(get_model("deepseek-v3"), get_hardware("cloudmatrix384"))
+    ceiling = work_bound(workload_requests("fixed-4k", 40), 32, cost)["ceiling"][32]
+    row = {"workload": "fixed-4k", "devices": 32, "requests_available": 20,
+           "sync": {"max_slo_rate": ceiling / 2, "num_requests": 40, "every_bucket": {"max_slo_rate": ceiling / 4}},
+           "async": {"max_slo_rate": 1.2 * ceiling, "num_requests": 40}}
+    unranked = {"workload": "fixed-4k", "devices": 64, "sync": {"max_slo_rate": None, "num_requests": None},
+                "async": {"max_slo_rate": None, "num_requests": None}}
+    doc = {"model": "deepseek-v3", "hardware": "cloudmatrix384", "rows": [row, unranked]}
+    (r,) = headline_bounds(doc)                      # the row without a sample has nothing to set against it
+    assert r["ceiling"] == pytest.approx(ceiling) and r["most_lead"] == pytest.approx(2.0)
+    path = tmp_path / "headline.json"
+    path.write_text(json.dumps(doc))
+    assert main(["sim", "bound", "--headline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "fixed-4k, 32 devices, 40 requests" in out and "could lead sync by more than 2.00x" in out
+    assert "async leads 2.40x" in out and "(120.0%, ABOVE the ceiling)" in out and "(50.0%)" in out
+    assert "every bucket >= 90%: sync" in out and "(25.0%)" in out and "SIMULATED" in out.splitlines()[0]
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text("{}")
+    for argv, err in [(["--headline", str(tmp_path / "bad.json")], "not JSON"),
+                      (["--headline", str(tmp_path / "other.json")], "not a headline"),
+                      (["--headline", str(tmp_path / "missing.json")], "cannot read it"),
+                      (["--headline", str(path), "--rate", "sync=1"], "leave --rate out")]:
+        assert main(["sim", "bound", *argv]) == 2
+        e = capsys.readouterr().err
+        assert err in e and "Traceback" not in e

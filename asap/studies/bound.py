@@ -83,6 +83,53 @@ def format_bound(x: dict, rates: dict[str, float] | None = None, rates_at: int |
     return "\n".join(lines)
 
 
+def headline_bounds(doc: dict) -> list[dict]:
+    """Each row of a headline (`asap sim headline`'s headline.json, parsed) against the ceiling of the requests
+    its maxima were confirmed on (the first n of its workload, n the larger engine's sample): the ceiling, each
+    engine's maximum by both criteria, and the most any engine could lead sync by there (ceiling / sync)."""
+    from asap.sim.run import get_hardware, get_model
+    from asap.workload.presets import workload_requests
+    try:
+        cost = CostModel(get_model(doc["model"]), get_hardware(doc["hardware"]))
+        rows = doc["rows"]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"not a headline (asap sim headline's headline.json): no {e}") from None
+    out = []
+    for row in rows:
+        engines = {e: row.get(e) or {} for e in ("sync", "async")}
+        n = max((x.get("num_requests") or 0 for x in engines.values()), default=0) or row.get("requests_available")
+        if not n:
+            continue                                # a row with no maximum has nothing to set against a ceiling
+        ceiling = work_bound(workload_requests(row["workload"], n), row["devices"], cost)["ceiling"][row["devices"]]
+        rates = {e: x.get("max_slo_rate") for e, x in engines.items()}
+        every = {e: (x.get("every_bucket") or {}).get("max_slo_rate") for e, x in engines.items()}
+        out.append({"workload": row["workload"], "devices": row["devices"], "num_requests": n, "ceiling": ceiling,
+                    "rates": rates, "every_bucket": every,
+                    "most_lead": ceiling / rates["sync"] if rates["sync"] else None})
+    return out
+
+
+def format_headline_bounds(rows: list[dict]) -> str:
+    """headline_bounds as text, one block per row."""
+    def share(name: str, rate, ceiling: float) -> str:
+        if not rate:
+            return f"{name} -"
+        return f"{name} {rate:.4g} ({rate / ceiling:.1%}{', ABOVE the ceiling' if rate > ceiling else ''})"
+    lines = []
+    for r in rows:
+        c, rates, every = r["ceiling"], r["rates"], r["every_bucket"]
+        lead = f"{rates['async'] / rates['sync']:.2f}x" if rates["sync"] and rates["async"] else "-"
+        lines.append(f"[{LABEL}] {r['workload']}, {r['devices']} devices, {r['num_requests']} requests: no engine "
+                     f"sustains more than {c:.4g} req/s")
+        lines.append(f"[{LABEL}]   >= 90% of requests: {share('sync', rates['sync'], c)}, "
+                     f"{share('async', rates['async'], c)}; async leads {lead}, and no engine could lead sync by "
+                     + (f"more than {r['most_lead']:.2f}x" if r["most_lead"] else "-"))
+        if every["sync"] or every["async"]:
+            lines.append(f"[{LABEL}]   every bucket >= 90%: {share('sync', every['sync'], c)}, "
+                         f"{share('async', every['async'], c)}")
+    return "\n".join(lines) if lines else f"[{LABEL}] the headline has no row with a maximum"
+
+
 def add_parser(sub) -> None:
     b = sub.add_parser("bound", help="the most req/s any engine could sustain on a workload: a work ceiling "
                                      "from the cost model (SIMULATED)",
@@ -100,6 +147,10 @@ def add_parser(sub) -> None:
                         "--rate sync=34.38 --rate async=41.88")
     b.add_argument("--model", default="deepseek-v3", help="model preset (its published config)")
     b.add_argument("--hardware", default="cloudmatrix384", help="hardware profile (asap/sim/profiles)")
+    b.add_argument("--headline", metavar="FILE",
+                   help="instead: every row of an `asap sim headline` JSON against the ceiling of its own requests, "
+                        "with both engines' maxima and the most any engine could lead sync by (its workload, "
+                        "devices, model and hardware come from the file)")
     b.set_defaults(run=_run)
 
 
@@ -120,6 +171,19 @@ def parse_rates(items: list[str]) -> dict[str, float]:
 def _run(a) -> int:
     from asap.sim.run import get_hardware, get_model
     from asap.workload.presets import workload_requests
+    if a.headline:
+        if a.rate:
+            raise ValueError("--headline reads each row's rates from the file: leave --rate out")
+        import json
+        try:
+            with open(a.headline) as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise ValueError(f"--headline {a.headline}: cannot read it ({e.strerror or e})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--headline {a.headline}: not JSON ({e})") from None
+        print(format_headline_bounds(headline_bounds(doc)))
+        return 0
     rates = parse_rates(a.rate)
     x = work_bound(workload_requests(a.workload, a.num_requests), a.devices,
                    CostModel(get_model(a.model), get_hardware(a.hardware)))
