@@ -38,7 +38,7 @@ DEVICES, NUM_REQUESTS = 64, 3000
 
 def buckets_at(rate: float) -> None:
     from asap.measure.buckets import format_buckets
-    from asap.studies.headline import buckets_at as at
+    from asap.studies.skeptic import buckets_at as at
     from asap.studies.config import EngineConfig
     from asap.workload.presets import workload_requests
     from asap.workload.slo import parse_slo

@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from asap.measure.buckets import format_buckets
 from asap.scheduler.replica import ORDERS
 from asap.studies.config import EngineConfig
-from asap.studies.headline import buckets_at, rate_at
+from asap.studies.skeptic import buckets_at, rate_at
 from asap.workload.presets import workload_requests
 from asap.workload.slo import parse_slo
 

@@ -3,7 +3,7 @@
 Where the tuner's screening sample cannot rank candidates (on fixed-length Poisson traffic both engines
 pass at its burst limit), or to compare a few configurations more finely than its search does, this runs
 each configuration alone: the first `--num-requests` requests of the workload with the SLO (default
-2 s + 1 ms/token), a valid-or-not rate search (asap.studies.headline.rate_at) with a 2% tolerance. The
+2 s + 1 ms/token), a valid-or-not rate search (asap.studies.skeptic.rate_at) with a 2% tolerance. The
 default configurations are the ones an operator would try on even traffic: sync DP x TP1 with 4K / 8K
 chunks, and async separate pools around the balance point with 16K chunks, k=3 and the fullest-layer
 expert selector, plus the old default (A=19, k=2, oldest). Hand-picked, not a full tune of either space:
@@ -22,7 +22,7 @@ from asap.cost.model import CostModel
 from asap.measure.metrics import summarize
 from asap.sim.run import get_hardware, get_model, run
 from asap.studies.bound import work_bound
-from asap.studies.headline import rate_at
+from asap.studies.skeptic import rate_at
 from asap.studies.experiments import at_rate
 from asap.studies.config import EngineConfig
 from asap.studies.tune import TARGET
