@@ -76,6 +76,10 @@ def test_headline_compares_best_tuned_configs_and_writes_json_and_plots(tmp_path
             assert r85 is None or r95 is None or r85 >= r95 * 0.9     # a looser target never costs much rate
             eb = row[engine]["every_bucket"]
             assert eb["max_slo_rate"] is None or eb["max_slo_rate"] <= row[engine]["max_slo_rate"] * 1.3
+            # the every-bucket tune's candidate table is kept, as the main one's is, so a row can be audited
+            assert eb["candidates"] and all("describe" in c and "fine_rate" in c for c in eb["candidates"])
+            if eb["config"]:
+                assert eb["config"] in [c["config"] for c in eb["candidates"]]
             assert min(b["slo_attainment"] for b in eb["buckets"].values() if b["num_requests"]) >= 0.9 \
                 if eb["buckets"] else True
         c = row["compared"]

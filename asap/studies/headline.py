@@ -171,7 +171,7 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
                         "config": dataclasses.asdict(eb.best) if eb.best else None,
                         "describe": eb.best.describe(devices) if eb.best else None, "max_slo_rate": eb.max_slo_rate,
                         "num_requests": eb.num_requests, "num_sims": eb.num_sims, "reason": eb.reason,
-                        "lower_bound": eb.lower_bound, "buckets": eb.buckets}
+                        "lower_bound": eb.lower_bound, "buckets": eb.buckets, "candidates": eb.candidates}
                 prev[engine] = carry(row[engine], first=prev_devices is None) or \
                     (prev.get(engine) or space(engine, devices, model, hardware, fleet_fractions=fleet_fractions,
                                                            orders=orders, lanes=lanes))
