@@ -22,9 +22,9 @@ it, so under those criteria, given `longer` (the same workload continued), each 
 on all of `longer`: simulated there at the rate found, and where it fails there, searched down on it
 (asap.studies.tune_tasks.confirm); the engine's best is the best confirmed maximum, reported with the longer
 sample's size. The caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines
-of a comparison are confirmed on the same requests whatever samples their searches used (confirming each on CONFIRM x its own
-search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part is heavier).
-With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
+of a comparison are confirmed on the same requests whatever samples their searches used (confirming each on
+CONFIRM x its own search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose
+later part is heavier). With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
 first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP best
 vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own variants (up to
 LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on the conversation
@@ -62,6 +62,8 @@ COARSE_TOL, FINE_TOL, REFINE = 0.2, 0.02, 2
 LEADER_ROUNDS = 3           # with vet: rounds that vet the secondary variants of a new leader (see tune)
 TARGET = 0.9                # the attainment the criteria require by default
 CONFIRM = 2                 # callers size `longer` (the confirmation and vet sample) as CONFIRM x the search's
+
+
 @dataclass
 class Tuned:
     engine: str
