@@ -24,8 +24,8 @@ on all of `longer`: simulated there at the rate found, and where it fails there,
 sample's size. The caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines
 of a comparison are confirmed on the same requests whatever samples their searches used (confirming each on
 CONFIRM x its own search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose
-later part is heavier). With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's leaders are
-first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP best
+later part is heavier). With `vet` (off by default here; on by default under `asap sim headline --sustained`),
+the screen's leaders are first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP best
 vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own variants (up to
 LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on the conversation
 row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the vet's whole grid have it raised
