@@ -23,22 +23,22 @@ on all of `longer`: simulated there at the rate found, and where it fails there,
 (asap.studies.tune_tasks.confirm); the engine's best is the best confirmed maximum, reported with the longer
 sample's size. The caller sizes `longer` (asap sim headline: CONFIRM x the row's requests), so both engines
 of a comparison are confirmed on the same requests whatever samples their searches used (confirming each on
-CONFIRM x its own search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose
-later part is heavier). With `vet` (off by default here; on by default under `asap sim headline --sustained`),
-the screen's leaders are first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the SCREEN_KEEP best
-vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own variants (up to
-LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on the conversation
-row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the vet's whole grid have it raised
-while more than FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol FINE_TOL) on the
-vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and confirmed on all
-of `longer` as above (the vet's sample is all of `longer`, for both engines alike, so every finalist is chosen on
-the requests its maximum is confirmed on: a vet on CONFIRM x each engine's own screen sample chose sync's finalists
-on 750 of the synthetic 32-die row's 3,000 requests and async's on 1,496): the screen's short sample can rank a
-candidate whose queue grows slowly (a length-aware fleet with too few devices for its long prompts) far above one
-that sustains more, which the confirmation of the finalists alone cannot undo; the secondary knobs screened for the
-short sample's best are not those of the best the vet finds; and a maximum searched on the short sample is a floor
-the downward-only confirmation keeps even where the longer sample sustains more (the 32-die conversation row's async
-fleet: 2.62 req/s on 750 requests, 2.80 on 1,500).
+CONFIRM x its own search sample held one engine on 1,500 requests and the other on 2,992 of a trace whose later part
+is heavier). With `vet` (off by default here; on by default under `asap sim headline --sustained`), the screen's
+leaders are first re-ranked on that longer sample (asap.studies.screen.vet), then the secondary variants of the
+SCREEN_KEEP best vetted are vetted beside them, and while that makes a new candidate the leader, the leader's own
+variants (up to LEADER_ROUNDS times; one knob at a time missed a leader's combination of two: srpt with a lane on
+the conversation row at 32 dies, 2.89 req/s tuned against 3.13 in a probe); leaders that pass the vet's whole grid
+have it raised while more than FINALISTS tie at its top; each of the FINALISTS best vetted is then searched (tol
+FINE_TOL) on the vet's sample from its vetted bracket, instead of the coarse and fine searches on the short one, and
+confirmed on all of `longer` as above (the vet's sample is all of `longer`, for both engines alike, so every
+finalist is chosen on the requests its maximum is confirmed on: a vet on CONFIRM x each engine's own screen sample
+chose sync's finalists on 750 of the synthetic 32-die row's 3,000 requests and async's on 1,496): the screen's short
+sample can rank a candidate whose queue grows slowly (a length-aware fleet with too few devices for its long
+prompts) far above one that sustains more, which the confirmation of the finalists alone cannot undo; the secondary
+knobs screened for the short sample's best are not those of the best the vet finds; and a maximum searched on the
+short sample is a floor the downward-only confirmation keeps even where the longer sample sustains more (the 32-die
+conversation row's async fleet: 2.62 req/s on 750 requests, 2.80 on 1,500).
 `tune(..., prefix_cache=True)` gives every candidate of either engine the same prefix cache (one per replica
 / DP group, asap.scheduler.prefix_cache; off by default) and reports its token hit rate at the best rate.
 """
