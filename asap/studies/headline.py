@@ -181,8 +181,9 @@ def run_headline(device_counts=(32, 64, 128, 384), workloads=WORKLOADS, slo: str
             skeptic_views(row, pool, devices, model, hardware, every_bucket, executor, main)
             # the SLO-scale sweep at the first device count (its cost grows with N)
             first = devices == device_counts[0] and resume is None
-            row["ratio_by_slo_scale"] = ratio_by_slo_scale(row, pool, base, base_slo, slo_scales if first else (1.0,),
-                                                devices, model, hardware, executor, main)
+            row["ratio_by_slo_scale"] = ratio_by_slo_scale(row, pool, base, base_slo,
+                                                           slo_scales if first else (1.0,), devices, model,
+                                                           hardware, executor, main)
             row["wall_s"] = time.perf_counter() - t_row
             rows.append(row)
             if verbose:

@@ -11,7 +11,7 @@ from asap.sim.run import run
 from asap.studies.config import EngineConfig
 from asap.studies.experiments import at_rate
 from asap.studies.parallel import Serial
-from asap.studies.tune_tasks import CRITERIA, pass_values
+from asap.studies.tune_tasks import CRITERIA, simulate
 
 TARGETS = (0.85, 0.9, 0.95)     # the ratio is printed at each attainment target (the row is tuned at 0.9)
 
@@ -27,10 +27,8 @@ def rate_at(requests, c: EngineConfig, devices: int, model, hardware, lo: float,
     cache = {} if cache is None else cache
 
     def measure(rate):
-        if rate not in cache:
-            res = run(at_rate(requests, rate), c.spec(model, hardware, devices))
-            out = summarize(res.results)
-            cache[rate] = out | pass_values(res.results, out["slo_attainment"])
+        if rate not in cache:       # the summary the tune ranks by (its values for every criterion)
+            cache[rate] = simulate((requests, rate, c.engine, model, hardware, devices, c, 0.0, None))
         return cache[rate]
     return find_max_rate(measure, target=target, lo=lo, tol=tol, max_iters=10, key=CRITERIA[criterion],
                          burst_above=burst_limit(len(requests), mean_budget))
